@@ -1,0 +1,143 @@
+"""The money side: prices, request logs and the append-only ledger
+(-> metering -> *settlement*)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from channels_pool.models import Channel
+from hopbase.models import ApiKey, Tenant
+
+USD = {"max_digits": 20, "decimal_places": 10}
+PRICE = {"max_digits": 14, "decimal_places": 6}
+
+
+class ModelPriceQuerySet(models.QuerySet):
+    def in_force(self, at=None) -> dict[str, ModelPrice]:
+        """The price of each model at a moment (now by default)."""
+        at = at or timezone.now()
+        prices: dict[str, ModelPrice] = {}
+        for price in self.filter(effective_from__lte=at).order_by("model", "effective_from"):
+            prices[price.model] = price
+        return prices
+
+
+class ModelPrice(models.Model):
+    """USD per million tokens. A new price is a new row from a moment on, so a
+    change never rewrites what earlier requests cost."""
+
+    model = models.CharField(max_length=200)
+    input_usd_per_mtok = models.DecimalField(**PRICE)
+    output_usd_per_mtok = models.DecimalField(**PRICE)
+    cache_read_usd_per_mtok = models.DecimalField(**PRICE, default=Decimal("0"))
+    cache_write_usd_per_mtok = models.DecimalField(**PRICE, default=Decimal("0"))
+    effective_from = models.DateTimeField(default=timezone.now)
+
+    objects = ModelPriceQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["model", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "effective_from"], name="one_price_per_model_and_moment"),
+            models.CheckConstraint(
+                condition=Q(input_usd_per_mtok__gte=0)
+                & Q(output_usd_per_mtok__gte=0)
+                & Q(cache_read_usd_per_mtok__gte=0)
+                & Q(cache_write_usd_per_mtok__gte=0),
+                name="price_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class RequestLog(models.Model):
+    class Status(models.TextChoices):
+        COMPLETED = "completed"
+        CANCELLED = "cancelled"
+        STALLED = "stalled"
+        INTERRUPTED = "interrupted"
+        FAILED = "failed"
+        REJECTED = "rejected"
+
+    request_id = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="request_logs")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="request_logs", null=True)
+    model = models.CharField(max_length=200, blank=True)
+    channel = models.ForeignKey(Channel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    protocol = models.CharField(max_length=16)
+    endpoint = models.CharField(max_length=32, blank=True)
+    stream = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    error_kind = models.CharField(max_length=40, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Billable tokens (input_tokens is uncached input; thinking is inside output).
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    thinking_tokens = models.PositiveBigIntegerField(default=0)
+    usage_estimated = models.BooleanField(default=False)
+    # What an estimate is made from when a stream is cut short.
+    prompt_chars = models.PositiveBigIntegerField(default=0)
+    sent_chars = models.PositiveBigIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    charge_usd = models.DecimalField(**USD, null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="log_tenant_time"),
+            models.Index(fields=["status", "-created_at"], name="log_status_time"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=["completed", "cancelled", "stalled", "interrupted", "failed", "rejected"]), name="log_status_known"),
+        ]
+
+    def __str__(self) -> str:
+        return self.request_id
+
+
+class LedgerEntry(models.Model):
+    """Append-only: a mistake is corrected by an adjustment, never an edit."""
+
+    class Kind(models.TextChoices):
+        TOPUP = "topup"
+        CHARGE = "charge"
+        ADJUSTMENT = "adjustment"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="ledger_entries")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # Signed: top-ups positive, charges negative.
+    amount_usd = models.DecimalField(**USD)
+    balance_after_usd = models.DecimalField(**USD)
+    # unique: a request log is charged at most once, whatever retries happen.
+    request_log = models.OneToOneField(
+        RequestLog, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entry"
+    )
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=["topup", "charge", "adjustment"]), name="ledger_kind_known"),
+            models.CheckConstraint(
+                condition=~Q(kind="charge") | (Q(request_log__isnull=False) & Q(amount_usd__lte=0)),
+                name="charge_has_log_and_is_debit",
+            ),
+            models.CheckConstraint(condition=~Q(kind="topup") | Q(amount_usd__gt=0), name="topup_is_credit"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount_usd} {self.tenant_id}"

@@ -1,0 +1,81 @@
+"""Upstream channels: provider accounts that serve models (-> *channel choice*)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Protocol(models.TextChoices):
+    OPENAI = "openai", "OpenAI (Chat Completions and Responses)"
+    ANTHROPIC = "anthropic", "Anthropic Messages"
+    GEMINI = "gemini", "Gemini"
+
+
+class ChannelQuerySet(models.QuerySet):
+    def enabled(self) -> ChannelQuerySet:
+        return self.filter(enabled=True)
+
+    def serving(self, model: str) -> list[Channel]:
+        # Model lists are JSON arrays; containment lookups differ between
+        # SQLite and PostgreSQL, and the channel table is small.
+        return [channel for channel in self if model in channel.served_models]
+
+
+class Channel(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    protocol = models.CharField(max_length=16, choices=Protocol.choices)
+    base_url = models.URLField(
+        max_length=500,
+        help_text="As the provider's SDK takes it: OpenAI http://host:port/v1; Anthropic and Gemini http://host:port",
+    )
+    secret = models.CharField(max_length=500, help_text="The provider API key. Write-only.")
+    served_models = models.JSONField(default=list, help_text="Model names this channel serves")
+    priority = models.IntegerField(default=0, help_text="Higher is tried first")
+    weight = models.PositiveIntegerField(default=1, help_text="Share among channels of equal priority")
+    max_concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty = no limit")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = ChannelQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-priority", "name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(protocol__in=[p.value for p in Protocol]), name="channel_protocol_known"),
+            models.CheckConstraint(condition=Q(weight__gt=0), name="channel_weight_positive"),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gt=0),
+                name="channel_max_concurrency_positive",
+            ),
+            models.CheckConstraint(condition=~Q(name=""), name="channel_name_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ChannelHealth(models.Model):
+    """A channel's recent record, fed by the relay's attempts."""
+
+    class State(models.TextChoices):
+        CLOSED = "closed", "Closed (healthy)"
+        OPEN = "open", "Open (skipped)"
+        HALF_OPEN = "half_open", "Half-open (on trial)"
+
+    channel = models.OneToOneField(Channel, on_delete=models.CASCADE, related_name="health", primary_key=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.CLOSED)
+    successes = models.PositiveBigIntegerField(default=0)
+    failures = models.PositiveBigIntegerField(default=0)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    last_error_kind = models.CharField(max_length=40, blank=True)
+    median_ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    open_until = models.DateTimeField(null=True, blank=True)
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name_plural = "channel health"
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}: {self.state}"

@@ -1,0 +1,107 @@
+"""Tenants and their API keys: who is calling (request -> *auth*).
+
+Only a SHA-256 hash of each key secret is stored. The secrets are 240 random
+bits, so an unkeyed hash is enough to make a stolen table useless, and it
+keeps working if SECRET_KEY is rotated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+KEY_PREFIX = "hb-"
+DISPLAY_PREFIX_LENGTH = 11
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    # Running balance, changed only together with a ledger entry in one
+    # transaction (billing.ledger); checkledger proves it equals their sum.
+    balance_usd = models.DecimalField(max_digits=20, decimal_places=10, default=Decimal("0"))
+    # Discount or surcharge applied to list prices (1 = list price).
+    price_multiplier = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"))
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(price_multiplier__gte=0), name="tenant_multiplier_not_negative"),
+            models.CheckConstraint(condition=~Q(name=""), name="tenant_name_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def active(self) -> ApiKeyQuerySet:
+        return self.filter(revoked_at__isnull=True)
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The live key with this secret, with its tenant, or None."""
+        if not secret.startswith(KEY_PREFIX):
+            return None
+        return self.active().select_related("tenant").filter(key_hash=hash_secret(secret)).first()
+
+    def issue(self, tenant: Tenant, **fields) -> tuple[ApiKey, str]:
+        """Create a key and return it with its secret, which is never stored."""
+        secret = KEY_PREFIX + secrets.token_urlsafe(30)
+        key = self.create(
+            tenant=tenant,
+            key_hash=hash_secret(secret),
+            prefix=secret[:DISPLAY_PREFIX_LENGTH],
+            **fields,
+        )
+        return key, secret
+
+
+class ApiKey(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="api_keys")
+    label = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=DISPLAY_PREFIX_LENGTH, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # Empty list: every model the gateway serves.
+    allowed_models = models.JSONField(default=list, blank=True)
+    rpm = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute; empty = no limit")
+    concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Open requests; empty = no limit")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(rpm__isnull=True) | Q(rpm__gt=0), name="apikey_rpm_positive"),
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gt=0), name="apikey_concurrency_positive"
+            ),
+            models.CheckConstraint(condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="apikey_hash_is_sha256"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.label or self.tenant.name})"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def allows(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])

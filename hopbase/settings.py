@@ -1,0 +1,232 @@
+"""Every setting HopBase has, read from the environment in this one place.
+
+No other module reads ``os.environ``. A value that cannot be parsed stops
+start-up with ``ImproperlyConfigured`` naming the variable, so a typo in a
+deployment never turns into a silent default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true or false)")
+
+
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
+# Several threads (log writer, admin, sweeps) write at once; WAL and IMMEDIATE
+# transactions keep them from failing with "database is locked".
+SQLITE_OPTIONS = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+
+def database_from_url(name: str, url: str | None) -> dict:
+    """SQLite file when unset; PostgreSQL (psycopg 3) for postgres:// URLs."""
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "db.sqlite3",
+            "OPTIONS": SQLITE_OPTIONS,
+        }
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if not path or path == "/":
+            raise ImproperlyConfigured(f"{name}={url!r} names no SQLite file")
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path,
+            "OPTIONS": SQLITE_OPTIONS,
+        }
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise ImproperlyConfigured(
+            f"{name}={url!r}: unknown database scheme {parts.scheme!r} "
+            "(use postgres://user@host:port/name or sqlite:///path)"
+        )
+    dbname = unquote(parts.path.lstrip("/"))
+    if not dbname:
+        raise ImproperlyConfigured(f"{name}={url!r} names no database")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={url!r} has a bad port") from None
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": dbname,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(port or ""),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }
+
+
+def redis_url(name: str) -> str | None:
+    url = os.environ.get(name) or None
+    if url is not None and urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(f"{name}={url!r} is not a redis:// URL")
+    return url
+
+
+DEBUG = env_bool("HOPBASE_DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "hopbase-insecure-development-key-change-me")
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "*").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
+
+DATABASES = {"default": database_from_url("DATABASE_URL", os.environ.get("DATABASE_URL"))}
+REDIS_URL = redis_url("REDIS_URL")
+
+# Gateway timers (operator contract; seconds, may be fractional).
+HOPBASE_KEEPALIVE_INTERVAL = env_seconds("HOPBASE_KEEPALIVE_INTERVAL", 10)
+HOPBASE_FIRST_TOKEN_TIMEOUT = env_seconds("HOPBASE_FIRST_TOKEN_TIMEOUT", 10)
+HOPBASE_FIRST_TOKEN_PER_10K = env_seconds("HOPBASE_FIRST_TOKEN_PER_10K", 1)
+HOPBASE_HOLD_MAX = env_seconds("HOPBASE_HOLD_MAX", 15)
+HOPBASE_STALL_TIMEOUT = env_seconds("HOPBASE_STALL_TIMEOUT", 180)
+HOPBASE_CAPACITY_WAIT = env_seconds("HOPBASE_CAPACITY_WAIT", 5)
+# Gateway limits and caches of our own.
+HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, minimum=1024)
+# How long a key, channel list or price list is trusted before the database is
+# asked again; a revoked key stops working within this many seconds.
+HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
+HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
+HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)
+HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "hopbase",
+    "channels_pool",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "hopbase.urls"
+ASGI_APPLICATION = "hopbase.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+# The gateway enforces its own body limit (HOPBASE_MAX_BODY_BYTES) so that an
+# oversized body gets a 413 in the caller's protocol, not Django's plain 400.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
+
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+# Celery: Redis as broker when REDIS_URL is set, otherwise tasks run eagerly in-process.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A publish must never hang a request while Redis is down: fail fast, and let
+# the periodic sweep settle what was not queued.
+CELERY_BROKER_CONNECTION_TIMEOUT = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 0, "socket_connect_timeout": 1, "socket_timeout": 2}
+CELERY_TASK_PUBLISH_RETRY = False
+HOPBASE_SWEEP_INTERVAL = env_seconds("HOPBASE_SWEEP_INTERVAL", 60)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("HOPBASE_LOG_LEVEL", "INFO")},
+    "loggers": {
+        # One line per request comes from HopBase itself; httpx would log every
+        # upstream call (with its URL) and Daphne every access.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+    },
+}
