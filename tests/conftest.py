@@ -1,0 +1,1 @@
+"""Shared fixtures. Gateway and simulator fixtures live in tests/gateway.py."""
