@@ -74,6 +74,8 @@ def database_from_url(name: str, url: str | None) -> dict:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": BASE_DIR / "db.sqlite3",
             "OPTIONS": SQLITE_OPTIONS,
+            # A file, not memory: tests run the gateway as a separate process.
+            "TEST": {"NAME": BASE_DIR / "var" / "test.sqlite3"},
         }
     parts = urlsplit(url)
     if parts.scheme == "sqlite":

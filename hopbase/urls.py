@@ -1,6 +1,22 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
+
+from hopbase import views
+
+GEMINI_VERSION = r"(?P<version>v1|v1beta|v1alpha)"
 
 urlpatterns = [
+    path("healthz", views.healthz),
+    path("v1/chat/completions", views.chat_completions),
+    path("v1/responses", views.responses),
+    path("v1/messages", views.messages),
+    path("v1/models", views.models),
+    re_path(
+        rf"^{GEMINI_VERSION}/models/(?P<model>[^/:]+):(?P<action>generateContent|streamGenerateContent)$",
+        views.gemini_generate,
+    ),
+    re_path(rf"^{GEMINI_VERSION}/models$", views.gemini_models),
+    re_path(r"^(?P<version>v1beta|v1alpha)/(?P<rest>.*)$", views.unknown_gemini_path),
+    re_path(r"^v1/(?P<rest>.*)$", views.unknown_openai_path),
     path("admin/", admin.site.urls),
 ]

@@ -1,0 +1,51 @@
+"""Usage -> billable tokens (B2–B5, B9).
+
+Completed streams are billed on the usage the provider reported. Streams cut
+short (cancelled, stalled, interrupted) are billed on what is known, and the
+row is marked ``usage_estimated``:
+- input: the input the stream reported (Anthropic reports it up front);
+  otherwise the characters of the request's prompt text / 4, rounded up;
+- output: the larger of the output the stream reported and the text already
+  sent to the client (text, thinking, tool-call arguments) / 4, rounded up.
+Failed and rejected requests bill nothing. Input never includes cached
+tokens, which are billed at their own prices; thinking is part of output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopbase.protocols.base import Usage
+
+CHARS_PER_TOKEN = 4
+CUT_SHORT = {"cancelled", "stalled", "interrupted"}
+UNBILLED = {"failed", "rejected"}
+
+
+@dataclass(frozen=True)
+class Billable:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    thinking_tokens: int = 0
+    estimated: bool = False
+
+
+def estimate_tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def billable_tokens(status: str, usage: Usage, prompt_chars: int, sent_chars: int) -> Billable:
+    if status in UNBILLED:
+        return Billable()
+    cut_short = status in CUT_SHORT
+    if not cut_short and usage.input_reported and usage.output_reported:
+        return Billable(
+            usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens
+        )
+    input_tokens = usage.input_tokens if usage.input_reported else estimate_tokens(prompt_chars)
+    output_tokens = max(usage.output_tokens if usage.output_reported else 0, estimate_tokens(sent_chars))
+    return Billable(
+        input_tokens, output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens, True
+    )

@@ -1,0 +1,151 @@
+"""Recording finished requests: one RequestLog row per request (P8).
+
+The relay hands a ``Finished`` record to ``record()``, which only appends to
+a queue: it never blocks the event loop and works from a cancelled task's
+``finally``. One writer thread per process turns the queue into batched
+inserts, applying metering on the way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from billing.metering import billable_tokens
+from billing.models import RequestLog
+from hopbase.models import ApiKey
+from hopbase.protocols.base import Usage
+
+log = logging.getLogger("hopbase.requests")
+
+
+@dataclass
+class Finished:
+    request_id: str
+    created_at: datetime
+    tenant_id: int
+    api_key_id: int
+    protocol: str
+    status: str
+    model: str = ""
+    stream: bool = False
+    channel_id: int | None = None
+    error_kind: str = ""
+    attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+    prompt_chars: int = 0
+    sent_chars: int = 0
+    ttft_ms: int | None = None
+    duration_ms: int = 0
+    upstream_status: int | None = None
+
+
+def to_row(item: Finished) -> RequestLog:
+    tokens = billable_tokens(item.status, item.usage, item.prompt_chars, item.sent_chars)
+    return RequestLog(
+        request_id=item.request_id,
+        created_at=item.created_at,
+        tenant_id=item.tenant_id,
+        api_key_id=item.api_key_id,
+        model=item.model[:200],
+        channel_id=item.channel_id,
+        protocol=item.protocol,
+        stream=item.stream,
+        status=item.status,
+        error_kind=item.error_kind,
+        attempts=item.attempts,
+        input_tokens=tokens.input_tokens,
+        output_tokens=tokens.output_tokens,
+        cache_read_tokens=tokens.cache_read_tokens,
+        cache_write_tokens=tokens.cache_write_tokens,
+        thinking_tokens=tokens.thinking_tokens,
+        usage_estimated=tokens.estimated,
+        prompt_chars=item.prompt_chars,
+        sent_chars=item.sent_chars,
+        ttft_ms=item.ttft_ms,
+        duration_ms=item.duration_ms,
+        upstream_status=item.upstream_status,
+    )
+
+
+class Recorder:
+    BATCH = 500
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Finished | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._written = threading.Condition(self._lock)
+
+    def record(self, item: Finished) -> None:
+        with self._lock:
+            self._pending += 1
+        self._queue.put(item)
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hopbase-recorder", daemon=True)
+                self._thread.start()
+                atexit.register(self.flush)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            batch = [first] if first is not None else []
+            while len(batch) < self.BATCH:
+                try:
+                    item = self._queue.get(timeout=settings.HOPBASE_LOG_FLUSH_INTERVAL if batch else 0)
+                except queue.Empty:
+                    break
+                if item is not None:
+                    batch.append(item)
+            if batch:
+                self._write(batch)
+                with self._lock:
+                    self._pending -= len(batch)
+                    self._written.notify_all()
+
+    def _write(self, batch: list[Finished]) -> None:
+        rows = [to_row(item) for item in batch]
+        try:
+            close_old_connections()
+            with transaction.atomic():
+                RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
+                self._touch_keys(batch)
+        except Exception:
+            log.exception("could not write %d request logs", len(rows))
+            return
+        for item in batch:
+            log.info(
+                "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",
+                item.request_id, item.tenant_id, item.model, item.status, item.attempts, item.ttft_ms, item.duration_ms,
+            )
+
+    @staticmethod
+    def _touch_keys(batch: list[Finished]) -> None:
+        last_used: dict[int, datetime] = {}
+        for item in batch:
+            known = last_used.get(item.api_key_id)
+            if known is None or item.created_at > known:
+                last_used[item.api_key_id] = item.created_at
+        for key_id, when in last_used.items():
+            ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=when).update(last_used_at=when)
+
+    def flush(self, timeout: float = 10) -> bool:
+        """Wait until everything recorded so far is written (or given up on)."""
+        with self._lock:
+            return self._written.wait_for(lambda: self._pending == 0, timeout)
+
+
+recorder = Recorder()

@@ -1,0 +1,93 @@
+"""Channel choice: the ordered candidates for one request.
+
+Enabled channels of the request's protocol that serve the model, higher
+priority first, weighted random order within a priority. The channel table
+is read at most once per HOPBASE_CONFIG_TTL per process, off the hot path's
+critical section (one refresh at a time, others use the previous snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from channels_pool.models import Channel
+
+
+@dataclass(frozen=True)
+class ChannelInfo:
+    id: int
+    name: str
+    protocol: str
+    base_url: str
+    secret: str
+    models: frozenset[str]
+    priority: int
+    weight: int
+    max_concurrency: int | None
+
+
+def _load() -> list[ChannelInfo]:
+    return [
+        ChannelInfo(
+            id=c.pk,
+            name=c.name,
+            protocol=c.protocol,
+            base_url=c.base_url,
+            secret=c.secret,
+            models=frozenset(c.served_models or ()),
+            priority=c.priority,
+            weight=c.weight,
+            max_concurrency=c.max_concurrency,
+        )
+        for c in Channel.objects.enabled()
+    ]
+
+
+def weighted_order(channels: list[ChannelInfo], rng: random.Random) -> list[ChannelInfo]:
+    """Priority groups in descending order, each shuffled by weight
+    (Efraimidis–Spirakis: sort by u ** (1 / weight))."""
+    return sorted(channels, key=lambda c: (-c.priority, -(rng.random() ** (1.0 / c.weight))))
+
+
+class ChannelDirectory:
+    def __init__(self) -> None:
+        self._channels: list[ChannelInfo] | None = None
+        self._expires = 0.0
+        self._lock: asyncio.Lock | None = None
+        self._rng = random.Random()
+
+    async def all(self) -> list[ChannelInfo]:
+        if self._channels is not None and self._expires > time.monotonic():
+            return self._channels
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        if self._channels is not None and self._lock.locked():
+            return self._channels
+        async with self._lock:
+            if self._channels is None or self._expires <= time.monotonic():
+                self._channels = await sync_to_async(_load, thread_sensitive=False)()
+                self._expires = time.monotonic() + settings.HOPBASE_CONFIG_TTL
+        return self._channels
+
+    async def candidates(self, protocol: str, model: str, pinned_id: int | None = None) -> list[ChannelInfo]:
+        channels = [c for c in await self.all() if c.protocol == protocol and model in c.models]
+        if pinned_id is not None:
+            # Affinity (P9): only the account holding the state can answer.
+            return [c for c in channels if c.id == pinned_id]
+        return weighted_order(channels, self._rng)
+
+    async def models(self, protocol: str | None = None) -> list[str]:
+        names = {m for c in await self.all() if protocol is None or c.protocol == protocol for m in c.models}
+        return sorted(names)
+
+    def clear(self) -> None:
+        self._channels = None
+
+
+directory = ChannelDirectory()

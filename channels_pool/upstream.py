@@ -1,0 +1,135 @@
+"""Talking to a channel: one pooled httpx client per process, and ``Attempt``,
+one upstream request read by its own task into a queue.
+
+The relay never awaits the httpx iterator directly: cancelling a
+``wait_for`` around ``__anext__`` would close it. Reading in a separate task
+lets the relay time keep-alives, stalls and the hold with plain queue waits,
+and closing an attempt (cancelling its task) hangs up on the channel at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from hopbase.errors import UpstreamFailure
+from hopbase.sse import Event, EventSplitter
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+class _Signal:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+TIMEOUT = _Signal("TIMEOUT")  # nothing arrived in time
+PROGRESS = _Signal("PROGRESS")  # bytes arrived, no complete event yet
+END = _Signal("END")  # the channel closed its response normally
+
+_clients: dict[int, httpx.AsyncClient] = {}
+
+
+def client() -> httpx.AsyncClient:
+    """The process's pooled client (one per event loop)."""
+    loop_id = id(asyncio.get_running_loop())
+    pooled = _clients.get(loop_id)
+    if pooled is None:
+        limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
+        pooled = httpx.AsyncClient(
+            # No read timeout: long silences are the relay's to judge (hold,
+            # slow start, stall), not the transport's.
+            timeout=httpx.Timeout(connect=settings.HOPBASE_CONNECT_TIMEOUT, read=None, write=30, pool=settings.HOPBASE_CAPACITY_WAIT),
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30),
+            follow_redirects=False,
+            trust_env=False,
+        )
+        _clients[loop_id] = pooled
+    return pooled
+
+
+def retry_after_seconds(headers: httpx.Headers) -> int | None:
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0, int(float(value)))
+    except ValueError:
+        return None
+
+
+class Attempt:
+    """One request to one channel. ``next()`` yields events in order, then END;
+    or a signal; or an ``UpstreamFailure`` as the last item."""
+
+    def __init__(self, channel: Any, url: str, headers: dict[str, str], content: bytes, protocol: Any) -> None:
+        self.channel = channel
+        self.status: int | None = None
+        self.response_headers: httpx.Headers | None = None
+        self._protocol = protocol
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._splitter = EventSplitter()
+        self._events: list[Event] = []
+        self._task = asyncio.get_running_loop().create_task(self._pump(url, headers, content))
+
+    async def _pump(self, url: str, headers: dict[str, str], content: bytes) -> None:
+        put = self._queue.put_nowait
+        http = client()
+        request = http.build_request("POST", url, headers=headers, content=content)
+        try:
+            response = await http.send(request, stream=True)
+        except httpx.TimeoutException:
+            put(UpstreamFailure("timeout"))
+            return
+        except httpx.HTTPError:
+            put(UpstreamFailure("connect"))
+            return
+        try:
+            self.status = response.status_code
+            self.response_headers = response.headers
+            if response.status_code != 200:
+                body = b""
+                async for chunk in response.aiter_raw():
+                    body += chunk
+                    if len(body) > MAX_ERROR_BODY:
+                        break
+                put(self._protocol.upstream_failure(response.status_code, body, retry_after_seconds(response.headers)))
+                return
+            async for chunk in response.aiter_raw():
+                put(chunk)
+            put(END)
+        except httpx.HTTPError:
+            put(UpstreamFailure("cut", self.status))
+        finally:
+            await response.aclose()
+
+    async def next(self, timeout: float) -> Any:
+        if self._events:
+            return self._events.pop(0)
+        if timeout <= 0:
+            return TIMEOUT
+        try:
+            if self._queue.empty():
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            else:
+                item = self._queue.get_nowait()
+        except TimeoutError:
+            return TIMEOUT
+        if isinstance(item, bytes):
+            events = self._splitter.feed(item)
+            if not events:
+                return PROGRESS
+            self._events = events
+            return self._events.pop(0)
+        return item
+
+    def close(self) -> None:
+        """Hang up on the channel (no-op once the response has ended)."""
+        if not self._task.done():
+            self._task.cancel()

@@ -1,0 +1,79 @@
+"""The errors HopBase itself returns (spec table E), independent of protocol.
+
+    GatewayError            an error answered to the client, in its protocol
+     └ kind: ErrorKind      which row of table E; each protocol maps it to
+                            its own status, type and code
+    UpstreamFailure         why one attempt on one channel failed; decides
+                            whether another channel may succeed
+
+Messages are HopBase's own and never carry a provider's text.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ErrorKind(enum.Enum):
+    INVALID_KEY = "invalid_key"
+    MODEL_NOT_FOUND = "model_not_found"
+    MALFORMED = "malformed"
+    TOO_LARGE = "too_large"
+    BALANCE = "balance"
+    RATE_LIMIT = "rate_limit"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNKNOWN_PATH = "unknown_path"
+    ALL_BUSY = "all_busy"
+    ALL_FAILED = "all_failed"
+    # In-stream errors after the first token (M2, M3, M5).
+    STREAM_BUSY = "stream_busy"
+    STREAM_FAILED = "stream_failed"
+
+
+MESSAGES = {
+    ErrorKind.INVALID_KEY: "Invalid API key.",
+    ErrorKind.MODEL_NOT_FOUND: "The model does not exist or this key may not use it.",
+    ErrorKind.BALANCE: "Your credit balance is too low to make this request. Please top up.",
+    ErrorKind.RATE_LIMIT: "Rate limit reached for this API key. Please retry shortly.",
+    ErrorKind.METHOD_NOT_ALLOWED: "Method not allowed.",
+    ErrorKind.UNKNOWN_PATH: "Unknown request URL.",
+    ErrorKind.ALL_BUSY: "All model providers are overloaded right now. Please retry shortly.",
+    ErrorKind.ALL_FAILED: "The model providers could not complete the request. Please retry.",
+    ErrorKind.STREAM_BUSY: "The model provider returned an error. Please retry.",
+    ErrorKind.STREAM_FAILED: "The model provider returned an error. Please retry.",
+}
+
+STALLED_MESSAGE = "Upstream stopped responding mid-stream"
+INTERRUPTED_MESSAGE = "Response stream interrupted, please retry"
+UPSTREAM_REJECTED_MESSAGE = "The model provider rejected the request as invalid."
+RETRY_AFTER_CAP = 60
+
+
+class GatewayError(Exception):
+    def __init__(self, kind: ErrorKind, message: str | None = None, retry_after: int | None = None) -> None:
+        self.kind = kind
+        self.message = message or MESSAGES.get(kind, "Invalid request.")
+        self.retry_after = None if retry_after is None else max(0, min(retry_after, RETRY_AFTER_CAP))
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True)
+class UpstreamFailure:
+    """One attempt's failure. ``busy`` failures are overload or rate limits."""
+
+    kind: str  # http_<status>, error_event, connect, timeout, cut, slow_start
+    status: int | None = None
+    busy: bool = False
+    # False when the request itself is at fault (a 400): no channel would
+    # answer differently, so the client gets the error instead of a retry.
+    channel_fault: bool = True
+    retry_after: int | None = None
+
+
+def failure_from_status(status: int, api_key_invalid: bool = False, retry_after: int | None = None) -> UpstreamFailure:
+    """Classify an upstream HTTP error status (rule F2)."""
+    busy = status in (429, 503, 529)
+    if status >= 500 or status in (401, 403, 404, 408, 409, 429) or api_key_invalid:
+        return UpstreamFailure(f"http_{status}", status, busy=busy, retry_after=retry_after)
+    return UpstreamFailure(f"http_{status}", status, channel_fault=False)

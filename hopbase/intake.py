@@ -1,0 +1,138 @@
+"""The front door: from a Django request to a relayed reply.
+
+key -> caller (auth) -> body checks -> protocol facts -> relay -> HTTP
+response. Every refusal is an error in the caller's protocol (table E), and
+every refusal after the key is known is recorded as ``rejected`` (P8).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
+
+from billing.recorder import Finished, recorder
+from channels_pool.selection import directory
+from hopbase.auth import Caller, key_from_request, keys
+from hopbase.errors import ErrorKind, GatewayError
+from hopbase.protocols.base import Protocol
+from hopbase.relay import Reply, new_request_id, relay
+
+REQUEST_ID_HEADER = "x-hopbase-request-id"
+# Requests with an unknown key are counted, not logged per tenant (P8).
+unknown_key_requests = itertools.count(1)
+
+
+def client_headers(request: HttpRequest) -> dict[str, str]:
+    return {name.lower(): value for name, value in request.headers.items()}
+
+
+def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpResponse:
+    if reply.chunks is not None:
+        response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
+            reply.chunks, status=reply.status, content_type=reply.content_type
+        )
+    else:
+        response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
+    for name, value in reply.headers.items():
+        response[name] = value
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def error_response(protocol: Protocol, error: GatewayError, request_id: str) -> HttpResponse:
+    status, body = protocol.error_body(error)
+    response = HttpResponse(body, status=status, content_type="application/json")
+    if error.retry_after is not None:
+        response["retry-after"] = str(error.retry_after)
+    if error.kind in (ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE):
+        response["x-should-retry"] = "false"
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+async def identify(request: HttpRequest, headers: dict[str, str]) -> Caller | None:
+    secret = key_from_request(headers, request.GET.get("key"))
+    caller = await keys.authenticate(secret) if secret else None
+    if caller is None:
+        next(unknown_key_requests)
+    return caller
+
+
+def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes]:
+    if request.method != "POST":
+        raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {request.method} is not allowed here; use POST.")
+    content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise GatewayError(ErrorKind.MALFORMED, "The request body must be JSON (Content-Type: application/json).")
+    limit = settings.HOPBASE_MAX_BODY_BYTES
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise GatewayError(ErrorKind.TOO_LARGE, f"The request body exceeds {limit} bytes.")
+    raw = request.body
+    if len(raw) > limit:
+        raise GatewayError(ErrorKind.TOO_LARGE, f"The request body exceeds {limit} bytes.")
+    try:
+        return json.loads(raw), raw
+    except (ValueError, UnicodeDecodeError):
+        raise GatewayError(ErrorKind.MALFORMED, "The request body is not valid JSON.") from None
+
+
+def record_rejection(request_id: str, protocol: Protocol, caller: Caller, model: str, error: GatewayError) -> None:
+    recorder.record(
+        Finished(
+            request_id=request_id,
+            created_at=timezone.now(),
+            tenant_id=caller.tenant_id,
+            api_key_id=caller.key_id,
+            protocol=protocol.name,
+            status="rejected",
+            model=model,
+            error_kind=error.kind.value,
+        )
+    )
+
+
+async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] | None = None) -> HttpResponse:
+    """Serve one generation request in ``protocol``."""
+    request_id = new_request_id()
+    headers = client_headers(request)
+    caller = await identify(request, headers)
+    if caller is None:
+        return error_response(protocol, GatewayError(ErrorKind.INVALID_KEY), request_id)
+    model = (route or {}).get("model", "")
+    try:
+        body, raw = read_json(request, headers)
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            model = body["model"]
+        facts = protocol.parse(body, raw, route or {})
+        if not caller.allows(facts.model):
+            raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
+    except GatewayError as error:
+        record_rejection(request_id, protocol, caller, model, error)
+        return error_response(protocol, error, request_id)
+    reply = await relay(request_id, protocol, caller, facts, headers)
+    return to_response(reply, request_id)
+
+
+async def list_models(request: HttpRequest, protocol: Protocol) -> HttpResponse:
+    """P5: the models this key may use, in the SDK's list shape."""
+    request_id = new_request_id()
+    headers = client_headers(request)
+    caller = await identify(request, headers)
+    if caller is None:
+        return error_response(protocol, GatewayError(ErrorKind.INVALID_KEY), request_id)
+    if request.method != "GET":
+        return error_response(protocol, GatewayError(ErrorKind.METHOD_NOT_ALLOWED), request_id)
+    models = [m for m in await directory.models(protocol.channel_protocol) if caller.allows(m)]
+    response = HttpResponse(protocol.models_body(models), content_type="application/json")
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def unknown_path(protocol: Protocol) -> HttpResponse:
+    return error_response(protocol, GatewayError(ErrorKind.UNKNOWN_PATH), new_request_id())

@@ -1,0 +1,181 @@
+"""Anthropic Messages (P3, S4)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hopbase.errors import ErrorKind, GatewayError
+from hopbase.protocols.base import (
+    Mark,
+    Protocol,
+    RequestFacts,
+    StreamWatcher,
+    UpstreamRequest,
+    dumps,
+    forwarded_headers,
+    prompt_text_chars,
+)
+from hopbase.sse import Event
+
+ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_KEY: (401, "authentication_error"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "not_found_error"),
+    ErrorKind.MALFORMED: (400, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (413, "request_too_large"),
+    ErrorKind.BALANCE: (400, "invalid_request_error"),
+    ErrorKind.RATE_LIMIT: (429, "rate_limit_error"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
+    ErrorKind.UNKNOWN_PATH: (404, "not_found_error"),
+    ErrorKind.ALL_BUSY: (529, "overloaded_error"),
+    ErrorKind.ALL_FAILED: (500, "api_error"),
+    ErrorKind.STREAM_BUSY: (529, "overloaded_error"),
+    ErrorKind.STREAM_FAILED: (500, "api_error"),
+}
+BUSY_TYPES = {"overloaded_error", "rate_limit_error"}
+CONTENT_BLOCK_STARTS = {"tool_use", "server_tool_use", "redacted_thinking"}
+DEFAULT_VERSION = "2023-06-01"
+
+
+def anthropic_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
+    status, error_type = ANTHROPIC_ERRORS[kind]
+    return status, {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+class MessagesWatcher(StreamWatcher):
+    def __init__(self, facts: RequestFacts) -> None:
+        super().__init__(facts)
+        self.message: dict[str, Any] = {}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, list[str]] = {}
+
+    def mark(self, event: Event) -> Mark:
+        data = event.json
+        if not isinstance(data, dict):
+            return Mark.PREAMBLE
+        kind = event.name or data.get("type")
+        if kind == "error":
+            self.busy_error = (data.get("error") or {}).get("type") in BUSY_TYPES
+            return Mark.ERROR
+        if kind == "message_stop":
+            return Mark.TERMINAL
+        if kind == "message_start":
+            self.message = dict(data.get("message") or {})
+            self._take_usage(self.message.get("usage") or {})
+            return Mark.PREAMBLE
+        if kind == "message_delta":
+            self.message.update(data.get("delta") or {})
+            self._take_usage(data.get("usage") or {})
+            return Mark.PREAMBLE
+        if kind == "content_block_start":
+            block = dict(data.get("content_block") or {})
+            self.blocks[data.get("index", len(self.blocks))] = block
+            return Mark.CONTENT if block.get("type") in CONTENT_BLOCK_STARTS else Mark.PREAMBLE
+        if kind == "content_block_delta":
+            return self._take_delta(data.get("index", 0), data.get("delta") or {})
+        return Mark.PREAMBLE
+
+    def _take_delta(self, index: int, delta: dict[str, Any]) -> Mark:
+        block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = delta.get("text") or ""
+            block["text"] = block.get("text", "") + text
+            self.sent_chars += len(text)
+            return Mark.CONTENT if text else Mark.PREAMBLE
+        if kind == "thinking_delta":
+            text = delta.get("thinking") or ""
+            block["thinking"] = block.get("thinking", "") + text
+            self.sent_chars += len(text)
+            return Mark.CONTENT
+        if kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + (delta.get("signature") or "")
+            return Mark.CONTENT
+        if kind == "input_json_delta":
+            fragment = delta.get("partial_json") or ""
+            self.partial_json.setdefault(index, []).append(fragment)
+            self.sent_chars += len(fragment)
+            return Mark.CONTENT
+        if kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+        return Mark.PREAMBLE
+
+    def _take_usage(self, usage: dict[str, Any]) -> None:
+        # message_delta usage is cumulative: it replaces, never adds.
+        u = self.usage
+        self.message["usage"] = {**(self.message.get("usage") or {}), **usage}
+        if "input_tokens" in usage:
+            u.input_tokens = usage["input_tokens"] or 0
+            u.input_reported = True
+        if "cache_read_input_tokens" in usage:
+            u.cache_read_tokens = usage["cache_read_input_tokens"] or 0
+        if "cache_creation_input_tokens" in usage:
+            u.cache_write_tokens = usage["cache_creation_input_tokens"] or 0
+        if "output_tokens" in usage:
+            u.output_tokens = usage["output_tokens"] or 0
+            u.output_reported = True
+        details = usage.get("output_tokens_details")
+        if isinstance(details, dict) and "thinking_tokens" in details:
+            u.thinking_tokens = details["thinking_tokens"] or 0
+
+    def stream_error(self, kind: ErrorKind, message: str) -> bytes:
+        _, body = anthropic_error(kind, message)
+        return b"event: error\ndata: " + dumps(body) + b"\n\n"
+
+    def assembled_body(self) -> bytes:
+        content = []
+        for index in sorted(self.blocks):
+            block = dict(self.blocks[index])
+            if index in self.partial_json:
+                raw = "".join(self.partial_json[index])
+                try:
+                    block["input"] = json.loads(raw) if raw else {}
+                except ValueError:
+                    block["input"] = {}
+            content.append(block)
+        message = dict(self.message)
+        message["content"] = content
+        return dumps(message)
+
+
+class Messages(Protocol):
+    name = "messages"
+    channel_protocol = "anthropic"
+    watcher = MessagesWatcher
+
+    def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
+        model = self.require_model(body)
+        stream = self.stream_flag(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise GatewayError(ErrorKind.MALFORMED, "messages: Field required")
+        thinking = body.get("thinking")
+        return RequestFacts(
+            model=model,
+            stream=stream,
+            body=body,
+            raw_body=raw_body,
+            thinking=isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"),
+            prompt_chars=prompt_text_chars(messages) + prompt_text_chars(body.get("system")),
+        )
+
+    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+        headers = forwarded_headers(client_headers)
+        headers.setdefault("anthropic-version", DEFAULT_VERSION)
+        headers["x-api-key"] = channel.secret
+        headers["content-type"] = "application/json"
+        headers["accept"] = "text/event-stream"
+        content = facts.raw_body if facts.body.get("stream") is True else dumps({**facts.body, "stream": True})
+        return UpstreamRequest(url=channel.base_url.rstrip("/") + "/v1/messages", headers=headers, content=content)
+
+    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
+        status, body = anthropic_error(error.kind, error.message)
+        return status, dumps(body)
+
+    def models_body(self, models: list[str]) -> bytes:
+        data = [
+            {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"} for m in models
+        ]
+        return dumps(
+            {"data": data, "has_more": False, "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
+        )

@@ -1,0 +1,170 @@
+"""The one small interface every wire protocol implements.
+
+A ``Protocol`` knows the request side: the facts the gateway needs from a
+request body, how to address a channel, and how to render HopBase's own
+errors. A ``StreamWatcher`` (one per attempt) knows the response side: what
+each upstream event is, the usage it reports, and how to end a stream with an
+error in this protocol's encoding. The relay talks only to these two.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
+from hopbase.sse import Event
+
+
+class Mark(enum.IntFlag):
+    """What an upstream event is to the relay. No flag: preamble."""
+
+    PREAMBLE = 0
+    CONTENT = 1  # the first of these ends the hold (F1)
+    TERMINAL = 2  # the stream's normal end
+    ERROR = 4  # the provider reported a failure
+    DROP = 8  # not for the client (the usage chunk HopBase asked for itself)
+
+
+@dataclass
+class RequestFacts:
+    model: str
+    stream: bool
+    body: dict[str, Any]
+    raw_body: bytes
+    thinking: bool = False
+    prompt_chars: int = 0
+    # State a single provider account holds (P9): previous_response_id, cachedContent.
+    affinity_key: str | None = None
+    # Protocol-specific routing details (e.g. the Gemini API version and action).
+    route: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        return -(-self.prompt_chars // 4)
+
+
+@dataclass
+class Usage:
+    """Tokens as billed: ``input_tokens`` excludes cached input (B9), and
+    ``output_tokens`` includes thinking."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    thinking_tokens: int = 0
+    input_reported: bool = False
+    output_reported: bool = False
+
+
+@dataclass
+class UpstreamRequest:
+    url: str
+    headers: dict[str, str]
+    content: bytes
+
+
+# Client headers a provider's SDK relies on; everything else stays here.
+FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "user-agent")
+
+
+def forwarded_headers(client_headers: dict[str, str]) -> dict[str, str]:
+    return {name: client_headers[name] for name in FORWARDED_HEADERS if name in client_headers}
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def prompt_text_chars(value: Any) -> int:
+    """Characters of prompt text in any nesting of strings, lists and dicts,
+    counting only text-bearing fields (so image data and schemas do not count)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(prompt_text_chars(item) for item in value)
+    if isinstance(value, dict):
+        total = 0
+        for key in ("content", "text", "parts", "input", "output", "arguments"):
+            if key in value:
+                total += prompt_text_chars(value[key])
+        return total
+    return 0
+
+
+class StreamWatcher:
+    """Watches one attempt's events: marks them, collects usage and the text
+    already sent, assembles a non-streaming body, renders in-stream errors."""
+
+    content_type: ClassVar[str] = "text/event-stream"
+
+    def __init__(self, facts: RequestFacts) -> None:
+        self.facts = facts
+        self.usage = Usage()
+        self.sent_chars = 0
+        self.busy_error = False
+        # Id of provider-held state this stream created (P9), e.g. a response id.
+        self.state_id: str | None = None
+
+    def mark(self, event: Event) -> Mark:
+        raise NotImplementedError
+
+    def client_bytes(self, event: Event) -> bytes:
+        """What the client receives for a forwarded event: its own bytes."""
+        return event.raw
+
+    def stream_error(self, kind: ErrorKind, message: str) -> bytes:
+        raise NotImplementedError
+
+    def assembled_body(self) -> bytes:
+        """The provider's non-streaming JSON for everything watched so far."""
+        raise NotImplementedError
+
+    def end_of_stream(self) -> bytes:
+        return b""
+
+
+class Protocol:
+    name: ClassVar[str]  # protocol of the request: chat, responses, messages, gemini
+    channel_protocol: ClassVar[str]  # Channel.protocol that can serve it
+    keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
+    watcher: ClassVar[type[StreamWatcher]]
+
+    def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
+        raise NotImplementedError
+
+    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+        raise NotImplementedError
+
+    def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
+        return failure_from_status(status, retry_after=retry_after)
+
+    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+    def models_body(self, models: list[str]) -> bytes:
+        raise NotImplementedError
+
+    def new_watcher(self, facts: RequestFacts) -> StreamWatcher:
+        return self.watcher(facts)
+
+    @staticmethod
+    def require_model(body: Any) -> str:
+        if not isinstance(body, dict):
+            raise GatewayError(ErrorKind.MALFORMED, "The request body must be a JSON object.")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise GatewayError(ErrorKind.MALFORMED, "`model` is required and must be a string.")
+        return model
+
+    @staticmethod
+    def stream_flag(body: dict[str, Any]) -> bool:
+        stream = body.get("stream", False)
+        if stream is None:
+            return False
+        if not isinstance(stream, bool):
+            raise GatewayError(ErrorKind.MALFORMED, "`stream` must be a boolean.")
+        return stream

@@ -1,0 +1,203 @@
+"""Gemini generateContent / streamGenerateContent (P4).
+
+The google-genai SDK parses every line that is not ``data: …`` as JSON, so
+keep-alives on Gemini streams are bare blank lines. Clients that ask for the
+JSON-array stream form (no ``alt=sse``) get the same chunks framed as an array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
+from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
+from hopbase.sse import Event
+
+GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_KEY: (400, "INVALID_ARGUMENT"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorKind.MALFORMED: (400, "INVALID_ARGUMENT"),
+    ErrorKind.TOO_LARGE: (413, "INVALID_ARGUMENT"),
+    ErrorKind.BALANCE: (429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.RATE_LIMIT: (429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "INVALID_ARGUMENT"),
+    ErrorKind.UNKNOWN_PATH: (404, "NOT_FOUND"),
+    ErrorKind.ALL_BUSY: (429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.ALL_FAILED: (503, "UNAVAILABLE"),
+    ErrorKind.STREAM_BUSY: (429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.STREAM_FAILED: (503, "UNAVAILABLE"),
+}
+CONTENT_PARTS = ("functionCall", "function_call", "inlineData", "inline_data", "executableCode", "executable_code")
+
+
+def gemini_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
+    status, name = GEMINI_ERRORS[kind]
+    error: dict[str, Any] = {"code": status, "message": message, "status": name}
+    if kind is ErrorKind.INVALID_KEY:
+        error["details"] = [
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "API_KEY_INVALID",
+                "domain": "googleapis.com",
+            }
+        ]
+    return status, {"error": error}
+
+
+def snake_or_camel(mapping: Any, camel: str, snake: str) -> Any:
+    if not isinstance(mapping, dict):
+        return None
+    return mapping.get(camel, mapping.get(snake))
+
+
+class GeminiWatcher(StreamWatcher):
+    def __init__(self, facts: RequestFacts) -> None:
+        super().__init__(facts)
+        self.array_form = facts.route.get("alt") != "sse"
+        if self.array_form:
+            self.content_type = "application/json"
+        self.chunks_sent = 0
+        self.parts: list[dict[str, Any]] = []
+        self.last: dict[str, Any] = {}
+        self.candidate: dict[str, Any] = {}
+
+    def mark(self, event: Event) -> Mark:
+        chunk = event.json
+        if not isinstance(chunk, dict):
+            return Mark.PREAMBLE
+        if next(iter(chunk), None) == "error":
+            error = chunk["error"] if isinstance(chunk["error"], dict) else {}
+            self.busy_error = error.get("code") == 429 or error.get("status") == "RESOURCE_EXHAUSTED"
+            return Mark.ERROR
+        self.last = chunk
+        usage = chunk.get("usageMetadata")
+        if isinstance(usage, dict):
+            self._take_usage(usage)
+        mark = Mark.PREAMBLE
+        for candidate in chunk.get("candidates") or ():
+            self.candidate = {**self.candidate, **{k: v for k, v in candidate.items() if k != "content"}}
+            for part in (candidate.get("content") or {}).get("parts") or ():
+                if self._take_part(part):
+                    mark |= Mark.CONTENT
+            if candidate.get("finishReason"):
+                mark |= Mark.TERMINAL
+        if "promptFeedback" in chunk and not chunk.get("candidates"):
+            mark |= Mark.TERMINAL
+        return mark
+
+    def _take_part(self, part: dict[str, Any]) -> bool:
+        text = part.get("text")
+        if isinstance(text, str):
+            previous = self.parts[-1] if self.parts else None
+            if previous is not None and "text" in previous and previous.get("thought") == part.get("thought"):
+                previous["text"] += text
+            else:
+                self.parts.append(dict(part))
+            self.sent_chars += len(text)
+            return bool(text)
+        self.parts.append(dict(part))
+        return any(key in part for key in CONTENT_PARTS)
+
+    def _take_usage(self, usage: dict[str, Any]) -> None:
+        cached = usage.get("cachedContentTokenCount") or 0
+        thoughts = usage.get("thoughtsTokenCount") or 0
+        u = self.usage
+        u.input_tokens = max(0, (usage.get("promptTokenCount") or 0) - cached)
+        u.cache_read_tokens = cached
+        u.output_tokens = (usage.get("candidatesTokenCount") or 0) + thoughts
+        u.thinking_tokens = thoughts
+        u.input_reported = u.output_reported = True
+
+    def client_bytes(self, event: Event) -> bytes:
+        if not self.array_form:
+            return event.raw
+        if not event.data:
+            return b""
+        separator = b"[" if self.chunks_sent == 0 else b"\n,\r\n"
+        self.chunks_sent += 1
+        return separator + event.data.encode()
+
+    def end_of_stream(self) -> bytes:
+        if not self.array_form:
+            return b""
+        return b"]" if self.chunks_sent else b"[]"
+
+    def stream_error(self, kind: ErrorKind, message: str) -> bytes:
+        _, body = gemini_error(kind, message)
+        if self.array_form:
+            separator = b"[" if self.chunks_sent == 0 else b"\n,\r\n"
+            self.chunks_sent += 1
+            return separator + dumps(body)
+        return b"data: " + dumps(body) + b"\r\n\r\n"
+
+    def assembled_body(self) -> bytes:
+        body = dict(self.last)
+        candidate = dict(self.candidate)
+        if self.parts or candidate:
+            ordered: dict[str, Any] = {"content": {"parts": self.parts, "role": "model"}}
+            ordered.update(candidate)
+            body["candidates"] = [ordered]
+        return dumps(body)
+
+
+class Gemini(Protocol):
+    name = "gemini"
+    channel_protocol = "gemini"
+    keepalive = b"\n"
+    watcher = GeminiWatcher
+
+    def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
+        if not isinstance(body, dict):
+            raise GatewayError(ErrorKind.MALFORMED, "The request body must be a JSON object.")
+        contents = body.get("contents")
+        if not isinstance(contents, list):
+            raise GatewayError(ErrorKind.MALFORMED, "`contents` is required and must be an array.")
+        config = snake_or_camel(body, "generationConfig", "generation_config")
+        thinking = snake_or_camel(config, "thinkingConfig", "thinking_config")
+        budget = snake_or_camel(thinking, "thinkingBudget", "thinking_budget")
+        cached = snake_or_camel(body, "cachedContent", "cached_content")
+        system = snake_or_camel(body, "systemInstruction", "system_instruction")
+        return RequestFacts(
+            model=route["model"],
+            stream=route["action"] == "streamGenerateContent",
+            body=body,
+            raw_body=raw_body,
+            thinking=budget != 0,
+            prompt_chars=prompt_text_chars(contents) + prompt_text_chars(system),
+            affinity_key=cached if isinstance(cached, str) and cached else None,
+            route=route,
+        )
+
+    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+        version = facts.route["version"]
+        url = f"{channel.base_url.rstrip('/')}/{version}/models/{facts.model}:streamGenerateContent?alt=sse"
+        headers = {
+            "x-goog-api-key": channel.secret,
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+        }
+        if "user-agent" in client_headers:
+            headers["user-agent"] = client_headers["user-agent"]
+        return UpstreamRequest(url=url, headers=headers, content=facts.raw_body)
+
+    def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
+        # Gemini refuses a bad key with a 400; that is the channel's fault.
+        return failure_from_status(status, api_key_invalid=status == 400 and b"API_KEY_INVALID" in body, retry_after=retry_after)
+
+    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
+        status, body = gemini_error(error.kind, error.message)
+        return status, dumps(body)
+
+    def models_body(self, models: list[str]) -> bytes:
+        return dumps(
+            {
+                "models": [
+                    {
+                        "name": f"models/{m}",
+                        "displayName": m,
+                        "supportedGenerationMethods": ["generateContent", "streamGenerateContent"],
+                    }
+                    for m in models
+                ]
+            }
+        )

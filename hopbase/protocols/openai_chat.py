@@ -1,0 +1,226 @@
+"""OpenAI Chat Completions (P1, S2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopbase.errors import ErrorKind, GatewayError
+from hopbase.protocols.base import (
+    Mark,
+    Protocol,
+    RequestFacts,
+    StreamWatcher,
+    UpstreamRequest,
+    dumps,
+    forwarded_headers,
+    prompt_text_chars,
+)
+from hopbase.sse import Event
+
+# Table E for both OpenAI protocols: status, error type, error code.
+OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
+    ErrorKind.INVALID_KEY: (401, "invalid_request_error", "invalid_api_key"),
+    ErrorKind.MODEL_NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    ErrorKind.MALFORMED: (400, "invalid_request_error", None),
+    ErrorKind.TOO_LARGE: (413, "invalid_request_error", "request_too_large"),
+    ErrorKind.BALANCE: (429, "insufficient_quota", "insufficient_quota"),
+    ErrorKind.RATE_LIMIT: (429, "requests", "rate_limit_exceeded"),
+    ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error", "method_not_allowed"),
+    ErrorKind.UNKNOWN_PATH: (404, "invalid_request_error", "unknown_url"),
+    ErrorKind.ALL_BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    ErrorKind.ALL_FAILED: (500, "server_error", "server_error"),
+    ErrorKind.STREAM_BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
+    ErrorKind.STREAM_FAILED: (500, "server_error", "server_error"),
+}
+
+BUSY_CODES = {"rate_limit_exceeded", "overloaded", "overloaded_error", "server_overloaded", "slow_down"}
+
+
+def openai_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
+    status, error_type, code = OPENAI_ERRORS[kind]
+    return status, {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+def openai_error_is_busy(error: Any) -> bool:
+    if not isinstance(error, dict):
+        return False
+    return bool({error.get("code"), error.get("type")} & BUSY_CODES)
+
+
+def openai_models_body(models: list[str]) -> bytes:
+    return dumps(
+        {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hopbase"} for m in models],
+        }
+    )
+
+
+def bearer_headers(secret: str, client_headers: dict[str, str]) -> dict[str, str]:
+    headers = forwarded_headers(client_headers)
+    headers["authorization"] = f"Bearer {secret}"
+    headers["content-type"] = "application/json"
+    headers["accept"] = "text/event-stream"
+    return headers
+
+
+class ChatWatcher(StreamWatcher):
+    def __init__(self, facts: RequestFacts) -> None:
+        super().__init__(facts)
+        options = facts.body.get("stream_options")
+        self.client_wants_usage = facts.stream and isinstance(options, dict) and options.get("include_usage") is True
+        self.first: dict[str, Any] | None = None
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.usage_obj: dict[str, Any] | None = None
+
+    def mark(self, event: Event) -> Mark:
+        if event.data == "[DONE]":
+            return Mark.TERMINAL
+        chunk = event.json
+        if not isinstance(chunk, dict):
+            return Mark.PREAMBLE
+        if "error" in chunk:
+            self.busy_error = openai_error_is_busy(chunk["error"])
+            return Mark.ERROR
+        if self.first is None:
+            self.first = chunk
+        mark = Mark.PREAMBLE
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._take_usage(usage)
+        for choice in chunk.get("choices") or ():
+            if self._take_choice(choice):
+                mark = Mark.CONTENT
+        if not chunk.get("choices") and usage and not self.client_wants_usage:
+            return Mark.DROP
+        return mark
+
+    def _take_usage(self, usage: dict[str, Any]) -> None:
+        self.usage_obj = usage
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+        u = self.usage
+        u.input_tokens = max(0, (usage.get("prompt_tokens") or 0) - cached)
+        u.cache_read_tokens = cached
+        u.output_tokens = usage.get("completion_tokens") or 0
+        u.thinking_tokens = reasoning
+        u.input_reported = u.output_reported = True
+
+    def _take_choice(self, choice: dict[str, Any]) -> bool:
+        state = self.choices.setdefault(
+            choice.get("index", 0), {"role": None, "content": [], "refusal": [], "tools": {}, "finish": None}
+        )
+        if choice.get("finish_reason"):
+            state["finish"] = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        if delta.get("role"):
+            state["role"] = delta["role"]
+        content = False
+        for key in ("content", "refusal"):
+            text = delta.get(key)
+            if isinstance(text, str) and text:
+                state[key].append(text)
+                self.sent_chars += len(text)
+                content = True
+        for key in ("reasoning_content", "reasoning"):
+            text = delta.get(key)
+            if isinstance(text, str) and text:
+                self.sent_chars += len(text)
+                content = True
+        for call in delta.get("tool_calls") or ():
+            content = True
+            slot = state["tools"].setdefault(call.get("index", 0), {"id": None, "type": "function", "name": "", "args": []})
+            if call.get("id"):
+                slot["id"] = call["id"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                slot["name"] += function["name"]
+            if function.get("arguments"):
+                slot["args"].append(function["arguments"])
+                self.sent_chars += len(function["arguments"])
+        if delta.get("audio"):
+            content = True
+        return content
+
+    def stream_error(self, kind: ErrorKind, message: str) -> bytes:
+        _, body = openai_error(kind, message)
+        return b"data: " + dumps(body) + b"\n\n"
+
+    def assembled_body(self) -> bytes:
+        first = self.first or {}
+        choices = []
+        for index in sorted(self.choices):
+            state = self.choices[index]
+            message: dict[str, Any] = {
+                "role": state["role"] or "assistant",
+                "content": "".join(state["content"]) if state["content"] else None,
+                "refusal": "".join(state["refusal"]) if state["refusal"] else None,
+            }
+            if state["tools"]:
+                message["tool_calls"] = [
+                    {
+                        "id": tool["id"],
+                        "type": tool["type"],
+                        "function": {"name": tool["name"], "arguments": "".join(tool["args"])},
+                    }
+                    for _, tool in sorted(state["tools"].items())
+                ]
+            choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": state["finish"]})
+        body: dict[str, Any] = {
+            "id": first.get("id"),
+            "object": "chat.completion",
+            "created": first.get("created"),
+            "model": first.get("model", self.facts.model),
+            "choices": choices,
+            "usage": self.usage_obj,
+        }
+        for key in ("system_fingerprint", "service_tier"):
+            if key in first:
+                body[key] = first[key]
+        return dumps(body)
+
+
+class ChatCompletions(Protocol):
+    name = "chat"
+    channel_protocol = "openai"
+    watcher = ChatWatcher
+
+    def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
+        model = self.require_model(body)
+        stream = self.stream_flag(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise GatewayError(ErrorKind.MALFORMED, "`messages` is required and must be an array.")
+        return RequestFacts(
+            model=model,
+            stream=stream,
+            body=body,
+            raw_body=raw_body,
+            thinking=bool(body.get("reasoning_effort")),
+            prompt_chars=prompt_text_chars(messages),
+        )
+
+    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+        body = facts.body
+        options = body.get("stream_options")
+        # The channel always streams (F4) and always reports usage (S2); the
+        # client's own bytes go as they are when they already ask for both.
+        if body.get("stream") is True and isinstance(options, dict) and options.get("include_usage") is True:
+            content = facts.raw_body
+        else:
+            upstream = dict(body)
+            upstream["stream"] = True
+            upstream["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            content = dumps(upstream)
+        return UpstreamRequest(
+            url=channel.base_url.rstrip("/") + "/chat/completions",
+            headers=bearer_headers(channel.secret, client_headers),
+            content=content,
+        )
+
+    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
+        status, body = openai_error(error.kind, error.message)
+        return status, dumps(body)
+
+    def models_body(self, models: list[str]) -> bytes:
+        return openai_models_body(models)

@@ -1,0 +1,322 @@
+"""The shared relay: attempts over candidate channels, the hold until the first
+content token, failover before it, then pass-through with keep-alive, stall
+watch and cancellation (rules F, M, S, B1).
+
+    request facts + caller
+      -> candidates (channel choice)
+      -> hold: attempt channel after channel until one yields a content
+         token (or its terminal event, or the hold cap passes)
+      -> commit: status, headers, the held preamble and that token go out
+         together; then events pass through unchanged until the terminal
+      -> one Finished record to the recorder, whatever happened
+
+Nothing here knows which protocol it is relaying: the protocol module marks
+events and renders errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.utils import timezone
+
+from billing.recorder import Finished, recorder
+from channels_pool import affinity
+from channels_pool.selection import ChannelInfo, directory
+from channels_pool.upstream import END, PROGRESS, TIMEOUT, Attempt
+from hopbase.auth import Caller
+from hopbase.errors import (
+    INTERRUPTED_MESSAGE,
+    STALLED_MESSAGE,
+    UPSTREAM_REJECTED_MESSAGE,
+    ErrorKind,
+    GatewayError,
+    UpstreamFailure,
+)
+from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, Usage
+from hopbase.sse import Event
+
+STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+@dataclass
+class Reply:
+    """What the view sends: a whole body, or a stream of chunks."""
+
+    status: int
+    content_type: str
+    body: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Committed:
+    attempt: Attempt
+    watcher: StreamWatcher
+    first_bytes: bytes
+    ended: bool  # the terminal event is already among the first bytes
+
+
+class Run:
+    """One request's life. ``finish()`` records it exactly once."""
+
+    def __init__(self, request_id: str, protocol: Protocol, caller: Caller, facts: RequestFacts, headers: dict[str, str]):
+        self.request_id = request_id
+        self.protocol = protocol
+        self.caller = caller
+        self.facts = facts
+        self.headers = headers
+        self.created_at = timezone.now()
+        self.started = time.monotonic()
+        self.attempts = 0
+        self.channel: ChannelInfo | None = None
+        self.watcher: StreamWatcher | None = None
+        self.ttft_ms: int | None = None
+        self.upstream_status: int | None = None
+        self.error_kind = ""
+        self.finished = False
+
+    # -- the hold (F1–F7) ------------------------------------------------
+
+    async def hold(self, candidates: list[ChannelInfo]) -> Committed:
+        loop = asyncio.get_running_loop()
+        hold_until = loop.time() + settings.HOPBASE_HOLD_MAX
+        failures: list[UpstreamFailure] = []
+        for index, channel in enumerate(candidates):
+            slow_start = self._slow_start_limit(is_last=index == len(candidates) - 1)
+            request = self.protocol.upstream_request(channel, self.facts, self.headers)
+            attempt = Attempt(channel, request.url, request.headers, request.content, self.protocol)
+            watcher = self.protocol.new_watcher(self.facts)
+            self.attempts += 1
+            self.channel, self.watcher = channel, watcher
+            give_up_at = hold_until if slow_start is None else min(hold_until, loop.time() + slow_start)
+            held: list[bytes] = []
+            try:
+                while True:
+                    item = await attempt.next(give_up_at - loop.time())
+                    self.upstream_status = attempt.status
+                    if item is TIMEOUT:
+                        if loop.time() >= hold_until:
+                            # F7: stream whatever preamble arrived; committed now.
+                            return Committed(attempt, watcher, b"".join(held), ended=False)
+                        failures.append(UpstreamFailure("slow_start", attempt.status))
+                        break
+                    if item is PROGRESS:
+                        continue
+                    if isinstance(item, UpstreamFailure) or item is END:
+                        failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut", attempt.status)
+                        if not failure.channel_fault:
+                            raise GatewayError(*self._request_fault(failure))
+                        failures.append(failure)
+                        break
+                    mark = watcher.mark(item)
+                    if mark & Mark.ERROR:
+                        failures.append(UpstreamFailure("error_event", attempt.status, busy=watcher.busy_error))
+                        break
+                    if mark & Mark.DROP:
+                        continue
+                    held.append(watcher.client_bytes(item))
+                    if mark & (Mark.CONTENT | Mark.TERMINAL):
+                        self.ttft_ms = self._elapsed_ms()
+                        return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
+            except BaseException:
+                attempt.close()
+                raise
+            attempt.close()
+        self.channel = None
+        self.error_kind = failures[-1].kind if failures else "no_channel"
+        raise self._all_failed(failures)
+
+    def _slow_start_limit(self, is_last: bool) -> float | None:
+        """F3: Claude without extended thinking must start within a limit,
+        unless this is the last channel left."""
+        if is_last or self.facts.thinking or not self.facts.model.startswith("claude"):
+            return None
+        per_10k = settings.HOPBASE_FIRST_TOKEN_PER_10K * self.facts.prompt_tokens_estimate / 10_000
+        return settings.HOPBASE_FIRST_TOKEN_TIMEOUT + per_10k
+
+    @staticmethod
+    def _request_fault(failure: UpstreamFailure) -> tuple[ErrorKind, str]:
+        if failure.status == 413:
+            return ErrorKind.TOO_LARGE, "The request is too large for the model provider."
+        return ErrorKind.MALFORMED, UPSTREAM_REJECTED_MESSAGE
+
+    @staticmethod
+    def _all_failed(failures: list[UpstreamFailure]) -> GatewayError:
+        if failures and all(f.busy for f in failures):
+            hints = [f.retry_after for f in failures if f.retry_after is not None]
+            return GatewayError(ErrorKind.ALL_BUSY, retry_after=min(hints) if hints else 1)
+        return GatewayError(ErrorKind.ALL_FAILED)
+
+    # -- after the commit (M1–M6, S1) ------------------------------------
+
+    async def stream(self, committed: Committed) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        attempt, watcher = committed.attempt, committed.watcher
+        status = "cancelled"
+        keepalive = self.protocol.keepalive
+        try:
+            if committed.first_bytes:
+                yield committed.first_bytes
+            if committed.ended:
+                status = "completed"
+                tail = watcher.end_of_stream()
+                if tail:
+                    yield tail
+                return
+            now = loop.time()
+            last_to_client = last_from_channel = now
+            while True:
+                keepalive_at = last_to_client + settings.HOPBASE_KEEPALIVE_INTERVAL
+                stall_at = last_from_channel + settings.HOPBASE_STALL_TIMEOUT
+                item = await attempt.next(min(keepalive_at, stall_at) - loop.time())
+                now = loop.time()
+                if item is TIMEOUT:
+                    if now >= stall_at:
+                        status, self.error_kind = "stalled", "stall"
+                        yield watcher.stream_error(ErrorKind.STREAM_FAILED, STALLED_MESSAGE)
+                        return
+                    yield keepalive
+                    last_to_client = now
+                    continue
+                last_from_channel = now
+                if item is PROGRESS:
+                    continue
+                if isinstance(item, UpstreamFailure) or item is END:
+                    status, self.error_kind = "interrupted", "cut"
+                    yield watcher.stream_error(ErrorKind.STREAM_FAILED, INTERRUPTED_MESSAGE)
+                    return
+                chunk, outcome = self._pass(item, watcher)
+                if chunk:
+                    yield chunk
+                    last_to_client = now
+                if outcome:
+                    status = outcome
+                    if outcome == "completed":
+                        tail = watcher.end_of_stream()
+                        if tail:
+                            yield tail
+                    return
+        finally:
+            attempt.close()
+            self.finish(status)
+
+    def _pass(self, event: Event, watcher: StreamWatcher) -> tuple[bytes, str | None]:
+        """The bytes the client gets for one committed event, and the outcome
+        when the event ends the stream."""
+        mark = watcher.mark(event)
+        if mark & Mark.ERROR:
+            self.error_kind = "error_event"
+            kind = ErrorKind.STREAM_BUSY if watcher.busy_error else ErrorKind.STREAM_FAILED
+            return watcher.stream_error(kind, "The model provider returned an error. Please retry."), "interrupted"
+        if mark & Mark.DROP:
+            return b"", None
+        if mark & Mark.CONTENT and self.ttft_ms is None:
+            self.ttft_ms = self._elapsed_ms()
+        return watcher.client_bytes(event), ("completed" if mark & Mark.TERMINAL else None)
+
+    async def collect(self, committed: Committed) -> Reply:
+        """F4: a non-streaming request, assembled from the channel's stream."""
+        loop = asyncio.get_running_loop()
+        attempt, watcher = committed.attempt, committed.watcher
+        status = "cancelled"
+        try:
+            ended = committed.ended
+            last_from_channel = loop.time()
+            while not ended:
+                stall_at = last_from_channel + settings.HOPBASE_STALL_TIMEOUT
+                item = await attempt.next(stall_at - loop.time())
+                if item is TIMEOUT:
+                    status, self.error_kind = "stalled", "stall"
+                    return self.error_reply(GatewayError(ErrorKind.ALL_FAILED, STALLED_MESSAGE))
+                last_from_channel = loop.time()
+                if item is PROGRESS:
+                    continue
+                if isinstance(item, UpstreamFailure) or item is END:
+                    status, self.error_kind = "interrupted", "cut"
+                    return self.error_reply(GatewayError(ErrorKind.ALL_FAILED, INTERRUPTED_MESSAGE))
+                chunk, outcome = self._pass(item, watcher)
+                if outcome == "interrupted":
+                    status = outcome
+                    kind = ErrorKind.ALL_BUSY if watcher.busy_error else ErrorKind.ALL_FAILED
+                    return self.error_reply(GatewayError(kind, retry_after=1 if watcher.busy_error else None))
+                ended = outcome == "completed"
+            status = "completed"
+            return Reply(200, "application/json", body=watcher.assembled_body())
+        finally:
+            attempt.close()
+            self.finish(status)
+
+    # -- the end -----------------------------------------------------------
+
+    def error_reply(self, error: GatewayError) -> Reply:
+        status, body = self.protocol.error_body(error)
+        headers = {}
+        if error.retry_after is not None:
+            headers["retry-after"] = str(error.retry_after)
+        return Reply(status, "application/json", body=body, headers=headers)
+
+    def _elapsed_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+    def finish(self, status: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        watcher = self.watcher
+        if status == "completed" and watcher is not None and watcher.state_id and self.channel is not None:
+            affinity.remember(watcher.state_id, self.channel.id)
+        recorder.record(
+            Finished(
+                request_id=self.request_id,
+                created_at=self.created_at,
+                tenant_id=self.caller.tenant_id,
+                api_key_id=self.caller.key_id,
+                protocol=self.protocol.name,
+                status=status,
+                model=self.facts.model,
+                stream=self.facts.stream,
+                channel_id=self.channel.id if self.channel else None,
+                error_kind=self.error_kind,
+                attempts=self.attempts,
+                usage=watcher.usage if watcher is not None else Usage(),
+                prompt_chars=self.facts.prompt_chars,
+                sent_chars=watcher.sent_chars if watcher is not None and status != "failed" else 0,
+                ttft_ms=self.ttft_ms,
+                duration_ms=self._elapsed_ms(),
+                upstream_status=self.upstream_status,
+            )
+        )
+
+
+async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: RequestFacts, headers: dict[str, str]) -> Reply:
+    """Serve one authenticated, parsed request."""
+    run = Run(request_id, protocol, caller, facts, headers)
+    try:
+        pinned = await affinity.channel_for(facts.affinity_key) if facts.affinity_key else None
+        candidates = await directory.candidates(protocol.channel_protocol, facts.model, pinned)
+        if not candidates:
+            run.error_kind = "model_not_found"
+            run.finish("rejected")
+            return run.error_reply(GatewayError(ErrorKind.MODEL_NOT_FOUND))
+        committed = await run.hold(candidates)
+    except GatewayError as error:
+        run.finish("failed" if run.attempts else "rejected")
+        return run.error_reply(error)
+    except BaseException:
+        run.finish("cancelled")
+        raise
+    if not facts.stream:
+        return await run.collect(committed)
+    content_type = committed.watcher.content_type
+    return Reply(200, content_type, chunks=run.stream(committed), headers=dict(STREAM_HEADERS))

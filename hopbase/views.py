@@ -1,0 +1,69 @@
+"""One thin async view per endpoint (P1–P5); the work is in hopbase.intake."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from channels_pool.selection import directory
+from hopbase import intake
+from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
+from hopbase.protocols.base import Protocol
+
+
+def openai_or_anthropic(request: HttpRequest) -> Protocol:
+    # The Anthropic SDK always sends anthropic-version; the OpenAI SDK never does.
+    return MESSAGES if "anthropic-version" in request.headers else CHAT
+
+
+def model_list_protocol(request: HttpRequest) -> Protocol:
+    # GET /v1/models is also where google-genai (API version v1) lists models.
+    if "x-goog-api-key" in request.headers or "key" in request.GET:
+        return GEMINI
+    return openai_or_anthropic(request)
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await intake.serve(request, CHAT)
+
+
+@csrf_exempt
+async def responses(request: HttpRequest) -> HttpResponse:
+    return await intake.serve(request, RESPONSES)
+
+
+@csrf_exempt
+async def messages(request: HttpRequest) -> HttpResponse:
+    return await intake.serve(request, MESSAGES)
+
+
+@csrf_exempt
+async def gemini_generate(request: HttpRequest, version: str, model: str, action: str) -> HttpResponse:
+    route = {"version": version, "model": model, "action": action, "alt": request.GET.get("alt", "")}
+    return await intake.serve(request, GEMINI, route)
+
+
+@csrf_exempt
+async def models(request: HttpRequest) -> HttpResponse:
+    return await intake.list_models(request, model_list_protocol(request))
+
+
+@csrf_exempt
+async def gemini_models(request: HttpRequest, version: str) -> HttpResponse:
+    return await intake.list_models(request, GEMINI)
+
+
+@csrf_exempt
+async def unknown_openai_path(request: HttpRequest, rest: str) -> HttpResponse:
+    return intake.unknown_path(openai_or_anthropic(request))
+
+
+@csrf_exempt
+async def unknown_gemini_path(request: HttpRequest, version: str, rest: str) -> HttpResponse:
+    return intake.unknown_path(GEMINI)
+
+
+async def healthz(request: HttpRequest) -> HttpResponse:
+    await directory.all()
+    return JsonResponse({"status": "ok"})
