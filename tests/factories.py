@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from decimal import Decimal
 
-from billing.models import ModelPrice
+from billing.models import ModelPrice, RequestLog
 from channels_pool.models import Channel
 from hopbase.models import ApiKey, Tenant
 
@@ -36,3 +36,13 @@ def make_price(model: str = "gpt-test", **fields) -> ModelPrice:
     fields.setdefault("input_usd_per_mtok", Decimal("1"))
     fields.setdefault("output_usd_per_mtok", Decimal("2"))
     return ModelPrice.objects.create(model=model, **fields)
+
+
+def make_log(tenant: Tenant | None = None, key: ApiKey | None = None, **fields) -> RequestLog:
+    """A completed request log; ``settled_at`` is left for the test to set."""
+    tenant = tenant or (key.tenant if key is not None else make_tenant())
+    fields.setdefault("request_id", unique("req"))
+    fields.setdefault("protocol", "openai")
+    fields.setdefault("model", "gpt-test")
+    fields.setdefault("status", RequestLog.Status.COMPLETED)
+    return RequestLog.objects.create(tenant=tenant, api_key=key, **fields)
