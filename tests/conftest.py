@@ -1,1 +1,161 @@
-"""Shared fixtures. Gateway and simulator fixtures live in tests/gateway.py."""
+"""Shared fixtures.
+
+Integration tests run the real thing: the upstream simulator and a Daphne
+gateway as processes, on the test database (PostgreSQL in CI), with short
+timers. Their data is created once per session and committed, so the gateway
+process sees it; tests that run it are marked ``gateway`` and run last, so
+their committed rows cannot surprise the unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import httpx
+import pytest
+from django.conf import settings
+
+from tests.processes import Service, start_gateway, start_simulator
+
+# Short timers so every failure rule can be exercised in about a second.
+GATEWAY_TIMERS = {
+    "HOPBASE_KEEPALIVE_INTERVAL": "0.4",
+    "HOPBASE_STALL_TIMEOUT": "1.5",
+    "HOPBASE_HOLD_MAX": "4",
+    "HOPBASE_FIRST_TOKEN_TIMEOUT": "1",
+    "HOPBASE_FIRST_TOKEN_PER_10K": "1",
+    "HOPBASE_CONFIG_TTL": "0.5",
+    "HOPBASE_LOG_FLUSH_INTERVAL": "0.05",
+    "HOPBASE_MAX_BODY_BYTES": "65536",
+}
+
+PROTOCOLS = ("openai", "anthropic", "gemini")
+
+# model -> [(channel suffix, simulator directives in the channel key, priority)]
+# The simulator reads `sim:k=v,...` keys as behaviour, so each channel below
+# misbehaves in one way, always, for every request.
+SCENARIOS: dict[str, list[tuple[str, str, int]]] = {
+    "sim-model": [("main", "ok", 0)],
+    "claude-sim": [("main", "ok", 0)],
+    "failover-http": [("bad", "status=500", 10), ("good", "ok", 0)],
+    "failover-busy": [("bad", "status=529", 10), ("good", "ok", 0)],
+    "failover-event": [("bad", "error_after_preamble=overloaded", 10), ("good", "ok", 0)],
+    "failover-key": [("bad", "status=401", 10), ("good", "ok", 0)],
+    "failover-connect": [("dead", "ok", 10), ("good", "ok", 0)],
+    "all-busy": [("busy1", "status=529", 10), ("busy2", "status=429", 0)],
+    "all-down": [("down1", "status=500", 10), ("down2", "status=503", 0)],
+    "claude-slow": [("slow", "first_delay=3", 10), ("fast", "ok", 0)],
+    "claude-slow-alone": [("slow", "first_delay=1.5", 0)],
+    "bad-request": [("strict", "status=400", 10), ("never", "ok", 0)],
+}
+
+
+@dataclass
+class World:
+    """The committed test data the gateway serves."""
+
+    simulator: Service
+    key: str  # tenant "acme", every model
+    limited_key: str  # tenant "acme", sim-model only
+    revoked_key: str
+    other_key: str  # tenant "globex"
+    tenant_id: int = 0
+    other_tenant_id: int = 0
+    channels: dict[str, int] = field(default_factory=dict)
+
+
+def channel_secret(protocol: str, directives: str) -> str:
+    if protocol == "gemini" and directives == "status=401":
+        # Gemini refuses a bad key with 400 API_KEY_INVALID (F2).
+        directives = "status=400,reason=API_KEY_INVALID"
+    return "sim:" + directives if directives != "ok" else "sk-upstream-secret"
+
+
+def channel_base_url(protocol: str, simulator: Service, suffix: str) -> str:
+    base = simulator.url if suffix != "dead" else "http://127.0.0.1:9"
+    return base + "/v1" if protocol == "openai" else base
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("gateway") is not None)
+
+
+@pytest.fixture(scope="session")
+def simulator():
+    service = start_simulator()
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def world(django_db_setup, django_db_blocker, simulator) -> World:
+    from billing.models import ModelPrice
+    from channels_pool.models import Channel
+    from hopbase.models import ApiKey, Tenant
+
+    with django_db_blocker.unblock():
+        acme = Tenant.objects.create(name="acme-gateway")
+        globex = Tenant.objects.create(name="globex-gateway")
+        _, key = ApiKey.objects.issue(acme, label="main")
+        _, limited = ApiKey.objects.issue(acme, label="limited", allowed_models=["sim-model"])
+        revoked_row, revoked = ApiKey.objects.issue(acme, label="revoked")
+        revoked_row.revoke()
+        _, other = ApiKey.objects.issue(globex, label="other")
+        built = World(simulator, key, limited, revoked, other, acme.pk, globex.pk)
+        for model, channels in SCENARIOS.items():
+            ModelPrice.objects.create(
+                model=model,
+                input_usd_per_mtok=Decimal("3"),
+                output_usd_per_mtok=Decimal("15"),
+                cache_read_usd_per_mtok=Decimal("0.3"),
+                cache_write_usd_per_mtok=Decimal("3.75"),
+            )
+            for protocol in PROTOCOLS:
+                for suffix, directives, priority in channels:
+                    name = f"{protocol}-{model}-{suffix}"
+                    channel = Channel.objects.create(
+                        name=name,
+                        protocol=protocol,
+                        base_url=channel_base_url(protocol, simulator, suffix),
+                        secret=channel_secret(protocol, directives),
+                        served_models=[model],
+                        priority=priority,
+                    )
+                    built.channels[name] = channel.pk
+    return built
+
+
+def database_url_for_subprocess() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    credentials = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def gateway(world):
+    env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url_for_subprocess()}
+    if settings.REDIS_URL:
+        env["REDIS_URL"] = settings.REDIS_URL
+    service = start_gateway(env)
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def committed_db(django_db_blocker):
+    """Read what the gateway process committed, outside any test transaction."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture
+def sim_records(simulator):
+    def fetch(tag: str) -> list[dict]:
+        return httpx.get(f"{simulator.url}/_sim/records", params={"tag": tag}).json()
+
+    return fetch

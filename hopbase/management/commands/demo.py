@@ -1,0 +1,78 @@
+"""Set up a demo tenant, key, prices and channels on the built-in simulator,
+then print the key and SDK snippets (used by bin/demo)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from billing.ledger import top_up
+from billing.models import ModelPrice
+from channels_pool.models import Channel
+from hopbase.models import ApiKey, Tenant
+
+DEMO_MODELS = {
+    "openai": ["gpt-4o-mini", "gpt-4.1"],
+    "anthropic": ["claude-sonnet-4-5", "claude-haiku-4-5"],
+    "gemini": ["gemini-2.5-flash"],
+}
+DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
+
+SNIPPET = """
+HopBase is ready at {gateway}. Your demo key (shown once):
+
+{secret}
+
+OpenAI SDK:
+    from openai import OpenAI
+    client = OpenAI(base_url="{gateway}/v1", api_key="{secret}")
+    print(client.chat.completions.create(model="gpt-4o-mini",
+          messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+
+Anthropic SDK:
+    from anthropic import Anthropic
+    client = Anthropic(base_url="{gateway}", api_key="{secret}")
+    with client.messages.stream(model="claude-sonnet-4-5", max_tokens=256,
+                                messages=[{{"role": "user", "content": "Hello"}}]) as stream:
+        for text in stream.text_stream:
+            print(text, end="", flush=True)
+
+Google GenAI SDK:
+    from google import genai
+    client = genai.Client(api_key="{secret}", http_options={{"base_url": "{gateway}", "api_version": "v1beta"}})
+    print(client.models.generate_content(model="gemini-2.5-flash", contents="Hello").text)
+"""
+
+
+class Command(BaseCommand):
+    help = "Create (or refresh) the demo tenant, a new key, prices and simulator channels."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--simulator-url", default="http://127.0.0.1:8901")
+        parser.add_argument("--gateway-url", default="http://127.0.0.1:8000")
+
+    @transaction.atomic
+    def handle(self, *args, simulator_url: str, gateway_url: str, **options) -> None:
+        simulator_url = simulator_url.rstrip("/")
+        tenant, created = Tenant.objects.get_or_create(name="demo")
+        if created:
+            top_up(tenant, Decimal("100"), note="demo credit")
+        for protocol, models in DEMO_MODELS.items():
+            base_url = simulator_url + "/v1" if protocol == "openai" else simulator_url
+            Channel.objects.update_or_create(
+                name=f"demo-{protocol}",
+                defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": models},
+            )
+            for model in models:
+                if not ModelPrice.objects.filter(model=model).exists():
+                    ModelPrice.objects.create(
+                        model=model,
+                        input_usd_per_mtok=DEMO_PRICE["input"],
+                        output_usd_per_mtok=DEMO_PRICE["output"],
+                        cache_read_usd_per_mtok=DEMO_PRICE["read"],
+                        cache_write_usd_per_mtok=DEMO_PRICE["write"],
+                    )
+        _, secret = ApiKey.objects.issue(tenant, label="demo")
+        self.stdout.write(SNIPPET.format(gateway=gateway_url.rstrip("/"), secret=secret))
