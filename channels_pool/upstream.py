@@ -127,6 +127,12 @@ class Attempt:
                 return PROGRESS
             self._events = events
             return self._events.pop(0)
+        if item is END:
+            # A last event the channel never terminated with a blank line.
+            rest = self._splitter.finish()
+            if rest:
+                self._queue.put_nowait(END)
+                return rest[0]
         return item
 
     def close(self) -> None:

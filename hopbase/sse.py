@@ -91,21 +91,18 @@ class EventSplitter:
                 end, after = cr, cr + 2 if buffer[cr + 1] == 0x0A else cr + 1
             else:
                 break  # a lone trailing \r: wait for the next byte
-            if end == pos:  # an empty line closes the event
-                if pos > event_start:
-                    events.append(Event(buffer[event_start:after]))
-                else:
-                    # Blank lines between events belong to the previous event's
-                    # bytes; keep them so nothing is dropped.
-                    if events:
-                        events[-1] = Event(events[-1].raw + buffer[event_start:after])
-                    else:
-                        events.append(Event(buffer[event_start:after]))
+            if end == pos:  # an empty line closes the event (or stands alone)
+                events.append(Event(buffer[event_start:after]))
                 event_start = after
             pos = after
         self._buffer = buffer[event_start:]
         self._line_start = pos - event_start
         return events
+
+    def finish(self) -> list[Event]:
+        """At the end of the stream: whatever is left, as a last event."""
+        rest, self._buffer, self._line_start = self._buffer, b"", 0
+        return [Event(rest)] if rest else []
 
     @property
     def pending(self) -> bytes:

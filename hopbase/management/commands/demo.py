@@ -15,7 +15,7 @@ from hopbase.models import ApiKey, Tenant
 
 DEMO_MODELS = {
     "openai": ["gpt-4o-mini", "gpt-4.1"],
-    "anthropic": ["claude-sonnet-4-5", "claude-haiku-4-5"],
+    "anthropic": ["claude-sonnet-5-5", "claude-haiku-5-5"],
     "gemini": ["gemini-2.5-flash"],
 }
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
@@ -34,7 +34,7 @@ OpenAI SDK:
 Anthropic SDK:
     from anthropic import Anthropic
     client = Anthropic(base_url="{gateway}", api_key="{secret}")
-    with client.messages.stream(model="claude-sonnet-4-5", max_tokens=256,
+    with client.messages.stream(model="claude-sonnet-5-5", max_tokens=256,
                                 messages=[{{"role": "user", "content": "Hello"}}]) as stream:
         for text in stream.text_stream:
             print(text, end="", flush=True)

@@ -1,0 +1,63 @@
+"""The SSE splitter hands back whole events as their exact bytes, however
+the stream was cut into chunks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hopbase.sse import EventSplitter
+
+STREAMS = {
+    "lf": b'event: a\ndata: {"x":"h\xc3\xa9llo"}\n\ndata: [DONE]\n\n',
+    "crlf": b'data: {"candidates":[]}\r\n\r\ndata: {"x":"\xe6\x97\xa5"}\r\n\r\n',
+    "cr": b"data: one\r\rdata: two\r\r",
+    "comments and blank runs": b": ping\n\ndata: a\n\n\n\ndata: b\n\n",
+}
+
+
+def split_everywhere(stream: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(stream)), k=min(len(stream) - 1, 12)))
+    return [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+
+
+@pytest.mark.parametrize("name", STREAMS)
+@pytest.mark.parametrize("seed", range(20))
+def test_it_returns_every_byte_in_whole_events_whatever_the_chunking(name: str, seed: int) -> None:
+    stream = STREAMS[name]
+    splitter = EventSplitter()
+    events = [event for chunk in split_everywhere(stream, seed) for event in splitter.feed(chunk)]
+    events += splitter.finish()
+    assert b"".join(e.raw for e in events) == stream
+    whole = EventSplitter()
+    assert [e.raw for e in events] == [e.raw for e in whole.feed(stream) + whole.finish()]
+
+
+def test_it_waits_for_the_byte_after_a_trailing_carriage_return() -> None:
+    splitter = EventSplitter()
+    assert splitter.feed(b"data: x\r\n\r") == []
+    (event,) = splitter.feed(b"\n")
+    assert event.raw == b"data: x\r\n\r\n"
+
+
+def test_it_parses_fields_and_json() -> None:
+    (event,) = EventSplitter().feed(b'event: message_start\ndata: {"type":"message_start"}\n\n')
+    assert event.name == "message_start"
+    assert event.json == {"type": "message_start"}
+
+
+def test_multi_line_data_is_joined_with_newlines() -> None:
+    (event,) = EventSplitter().feed(b"data: [1,\ndata: 2]\n\n")
+    assert event.data == "[1,\n2]"
+    assert event.json == [1, 2]
+
+
+def test_an_unfinished_event_stays_pending_until_the_stream_ends() -> None:
+    splitter = EventSplitter()
+    assert splitter.feed(b'data: {"a"') == []
+    assert splitter.pending == b'data: {"a"'
+    (event,) = splitter.finish()
+    assert event.raw == b'data: {"a"'
+    assert splitter.pending == b""
