@@ -1,0 +1,51 @@
+"""setprice MODEL --input USD_PER_MTOK --output USD_PER_MTOK
+[--cache-read USD_PER_MTOK] [--cache-write USD_PER_MTOK]
+
+Adds a price row effective now. Older rows are never changed: requests made
+before now keep the price they were made under.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from billing.exports import usd_text
+from billing.models import ModelPrice
+from hopbase.forms import parse_model_names
+from hopbase.management.arguments import checked, parse_price
+
+
+class Command(BaseCommand):
+    help = "Set a model's price (USD per million tokens) from now on; earlier prices are kept."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("model", help="Model name as clients request it")
+        parser.add_argument("--input", required=True, metavar="USD_PER_MTOK", help="Uncached input tokens")
+        parser.add_argument("--output", required=True, metavar="USD_PER_MTOK", help="Output tokens, thinking included")
+        parser.add_argument("--cache-read", default="0", metavar="USD_PER_MTOK", help="Cached input read (default 0)")
+        parser.add_argument("--cache-write", default="0", metavar="USD_PER_MTOK", help="Cache write (default 0)")
+
+    def handle(self, *args, **options) -> None:
+        names = checked(options["model"], parse_model_names, "model")
+        if len(names) != 1:
+            raise CommandError(f"model: {options['model']!r} is not one model name")
+        model = names[0]
+        prices = {
+            "input_usd_per_mtok": parse_price(options["input"], "--input"),
+            "output_usd_per_mtok": parse_price(options["output"], "--output"),
+            "cache_read_usd_per_mtok": parse_price(options["cache_read"], "--cache-read"),
+            "cache_write_usd_per_mtok": parse_price(options["cache_write"], "--cache-write"),
+        }
+        try:
+            with transaction.atomic():
+                price = ModelPrice.objects.create(model=model, effective_from=timezone.now(), **prices)
+        except IntegrityError:  # the same model priced in the same microsecond
+            raise CommandError(f"{model} was priced at this very moment by someone else; try again") from None
+        self.stdout.write(
+            f"price of {model} from {price.effective_from.isoformat()} (USD per million tokens): "
+            f"input {usd_text(price.input_usd_per_mtok)}, output {usd_text(price.output_usd_per_mtok)}, "
+            f"cache read {usd_text(price.cache_read_usd_per_mtok)}, "
+            f"cache write {usd_text(price.cache_write_usd_per_mtok)}"
+        )
