@@ -1,0 +1,65 @@
+"""Operator admin for upstream channels.
+
+The provider secret is write-only (channels_pool.forms.ChannelForm): no admin
+page ever renders it, and a blank field on edit keeps the stored one.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import ObjectDoesNotExist
+
+from channels_pool.forms import ChannelForm
+from channels_pool.models import Channel, ChannelHealth
+
+
+class ChannelHealthInline(admin.StackedInline):
+    model = ChannelHealth
+    can_delete = False
+    extra = 0
+    max_num = 1
+    fields = readonly_fields = (
+        "state", "successes", "failures", "consecutive_failures", "last_error_kind",
+        "median_ttft_ms", "open_until", "changed_at",
+    )
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False  # written by the relay, not by hand
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    form = ChannelForm
+    list_display = (
+        "name", "protocol", "base_url", "models", "priority", "weight", "max_concurrency", "enabled", "health_state",
+    )
+    list_filter = ("protocol", "enabled")
+    list_select_related = ("health",)
+    search_fields = ("name", "base_url")
+    readonly_fields = ("created_at",)
+    inlines = (ChannelHealthInline,)
+    actions = ("enable_channels", "disable_channels")
+
+    @admin.display(description="models")
+    def models(self, channel: Channel) -> str:
+        return ", ".join(channel.served_models)
+
+    @admin.display(description="health")
+    def health_state(self, channel: Channel) -> str:
+        try:
+            return channel.health.get_state_display()
+        except ObjectDoesNotExist:
+            return "no record yet"
+
+    @admin.action(description="Enable selected channels", permissions=["change"])
+    def enable_channels(self, request, queryset) -> None:
+        count = queryset.update(enabled=True)
+        messages.success(request, f"Enabled {count} channel(s).")
+
+    @admin.action(description="Disable selected channels", permissions=["change"])
+    def disable_channels(self, request, queryset) -> None:
+        count = queryset.update(enabled=False)
+        messages.success(request, f"Disabled {count} channel(s).")
