@@ -86,6 +86,7 @@ def database_from_url(name: str, url: str | None) -> dict:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": path,
             "OPTIONS": SQLITE_OPTIONS,
+            "TEST": {"NAME": path + "-test"},
         }
     if parts.scheme not in ("postgres", "postgresql"):
         raise ImproperlyConfigured(

@@ -48,6 +48,7 @@ SCENARIOS: dict[str, list[tuple[str, str, int]]] = {
     "claude-slow": [("slow", "first_delay=3", 10), ("fast", "ok", 0)],
     "claude-slow-alone": [("slow", "first_delay=1.5", 0)],
     "bad-request": [("strict", "status=400", 10), ("never", "ok", 0)],
+    "affinity-model": [("a", "ok", 0), ("b", "ok", 0)],
 }
 
 
@@ -79,6 +80,20 @@ def channel_base_url(protocol: str, simulator: Service, suffix: str) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("gateway") is not None)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb):
+    """The test database, always: pytest-django creates it only for tests
+    marked django_db, and the gateway tests read committed data instead."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    (settings.BASE_DIR / "var").mkdir(exist_ok=True)
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, keepdb=django_db_keepdb, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=0)
 
 
 @pytest.fixture(scope="session")

@@ -108,7 +108,8 @@ class ChatWatcher(StreamWatcher):
 
     def _take_choice(self, choice: dict[str, Any]) -> bool:
         state = self.choices.setdefault(
-            choice.get("index", 0), {"role": None, "content": [], "refusal": [], "tools": {}, "finish": None}
+            choice.get("index", 0),
+            {"role": None, "content": [], "refusal": [], "reasoning": {}, "tools": {}, "finish": None},
         )
         if choice.get("finish_reason"):
             state["finish"] = choice["finish_reason"]
@@ -125,6 +126,7 @@ class ChatWatcher(StreamWatcher):
         for key in ("reasoning_content", "reasoning"):
             text = delta.get(key)
             if isinstance(text, str) and text:
+                state["reasoning"].setdefault(key, []).append(text)
                 self.sent_chars += len(text)
                 content = True
         for call in delta.get("tool_calls") or ():
@@ -155,7 +157,10 @@ class ChatWatcher(StreamWatcher):
                 "role": state["role"] or "assistant",
                 "content": "".join(state["content"]) if state["content"] else None,
                 "refusal": "".join(state["refusal"]) if state["refusal"] else None,
+                "annotations": [],
             }
+            for key, parts in state["reasoning"].items():
+                message[key] = "".join(parts)
             if state["tools"]:
                 message["tool_calls"] = [
                     {
