@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+BASE_URL_MAX_LENGTH = 500
+
+
+def validate_base_url(value: str) -> str:
+    """http(s) with a host. Broader than Django's URLValidator on purpose: a
+    channel may live at a single-label host such as a compose service name
+    (http://simulator:9000/v1), which URLValidator refuses for want of a TLD."""
+    url = value.strip()
+    if not url:
+        raise ValidationError("a base URL is required")
+    if len(url) > BASE_URL_MAX_LENGTH:
+        raise ValidationError(f"longer than {BASE_URL_MAX_LENGTH} characters")
+    if any(ch.isspace() for ch in url):
+        raise ValidationError(f"{url!r} contains whitespace")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError(f"{url!r} is not an http:// or https:// URL")
+    try:
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        raise ValidationError(f"{url!r} has a bad port") from None
+    if not host:
+        raise ValidationError(f"{url!r} names no host")
+    if parts.query or parts.fragment:
+        raise ValidationError(f"{url!r}: a base URL takes no query or fragment")
+    return url
 
 
 class Protocol(models.TextChoices):
@@ -26,8 +56,9 @@ class ChannelQuerySet(models.QuerySet):
 class Channel(models.Model):
     name = models.CharField(max_length=100, unique=True)
     protocol = models.CharField(max_length=16, choices=Protocol.choices)
-    base_url = models.URLField(
-        max_length=500,
+    base_url = models.CharField(
+        max_length=BASE_URL_MAX_LENGTH,
+        validators=[validate_base_url],
         help_text="As the provider's SDK takes it: OpenAI http://host:port/v1; Anthropic and Gemini http://host:port",
     )
     secret = models.CharField(max_length=500, help_text="The provider API key. Write-only.")
@@ -50,6 +81,10 @@ class Channel(models.Model):
                 name="channel_max_concurrency_positive",
             ),
             models.CheckConstraint(condition=~Q(name=""), name="channel_name_not_empty"),
+            models.CheckConstraint(
+                condition=Q(base_url__startswith="http://") | Q(base_url__startswith="https://"),
+                name="channel_base_url_is_http",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
-from channels_pool.forms import validate_base_url
+from channels_pool.models import validate_base_url
 from channels_pool.models import Channel, Protocol
 from hopbase.forms import parse_required_model_names
 from hopbase.management.arguments import INT_MAX, checked, parse_int, parse_name, parse_optional_positive
