@@ -1,0 +1,188 @@
+"""The front door: keys (P7), refusals in the caller's own error format
+(table E) and one request log per request whose key is known (P8)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from billing.models import RequestLog
+from tests.wire import PROTOCOLS, call, wait_for_log
+
+pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
+
+
+def error_of(protocol: str, response: httpx.Response) -> str:
+    """The error type (OpenAI, Anthropic) or status (Gemini) of a refusal."""
+    body = response.json()
+    if protocol == "messages":
+        assert body["type"] == "error"
+        return body["error"]["type"]
+    if protocol == "gemini":
+        assert isinstance(body["error"]["code"], int)
+        assert body["error"]["code"] == response.status_code
+        return body["error"]["status"]
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]["type"]
+
+
+def send(gateway, request, content: bytes | None = None, **headers) -> httpx.Response:
+    merged = {**request.headers, **headers}
+    if content is None:
+        return httpx.post(gateway.url + request.path, json=request.body, headers=merged)
+    return httpx.post(gateway.url + request.path, content=content, headers=merged)
+
+
+MALFORMED = {"chat": "invalid_request_error", "responses": "invalid_request_error", "messages": "invalid_request_error", "gemini": "INVALID_ARGUMENT"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "case,content",
+    [
+        ("invalid json", b"{not json"),
+        ("not an object", b"[1, 2]"),
+        ("missing model", b'{"messages": [], "input": "x", "contents": []}'),
+        ("model not a string", b'{"model": 7, "messages": [], "input": "x", "contents": []}'),
+        ("stream not a boolean", b'{"model": "sim-model", "stream": "yes", "messages": [], "input": "x"}'),
+        ("not utf-8", b'{"model": "\xff"}'),
+    ],
+)
+def test_a_malformed_body_is_refused_in_the_callers_format(gateway, world, protocol, case, content):
+    if protocol == "gemini" and case in ("missing model", "model not a string", "stream not a boolean"):
+        content = b'{"contents": "not a list"}'  # Gemini names the model in the path
+    request = call(protocol, world.key, "sim-model", "hi")
+    response = send(gateway, request, content=content, **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert error_of(protocol, response) == MALFORMED[protocol]
+    assert response.headers["x-should-retry"] == "false"
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert (log.status, log.tenant_id, log.output_tokens) == ("rejected", world.tenant_id, 0)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_body_that_is_not_json_by_content_type_is_refused(gateway, world, protocol):
+    request = call(protocol, world.key, "sim-model", "hi")
+    response = send(gateway, request, content=b"model=sim-model", **{"content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 400
+    assert error_of(protocol, response) == MALFORMED[protocol]
+
+
+TOO_LARGE = {"chat": "invalid_request_error", "responses": "invalid_request_error", "messages": "request_too_large", "gemini": "INVALID_ARGUMENT"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_body_over_the_limit_gets_413_in_the_callers_format(gateway, world, protocol):
+    request = call(protocol, world.key, "sim-model", "x" * 70_000)  # the test gateway allows 64 KiB
+    response = send(gateway, request)
+    assert response.status_code == 413
+    assert error_of(protocol, response) == TOO_LARGE[protocol]
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+NOT_FOUND = {"chat": "invalid_request_error", "responses": "invalid_request_error", "messages": "not_found_error", "gemini": "NOT_FOUND"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("key_name,model", [("key", "no-such-model"), ("limited_key", "claude-sim")])
+def test_an_unknown_or_forbidden_model_is_404(gateway, world, protocol, key_name, model):
+    response = send(gateway, call(protocol, getattr(world, key_name), model, "hi"))
+    assert response.status_code == 404
+    assert error_of(protocol, response) == NOT_FOUND[protocol]
+    if protocol in ("chat", "responses"):
+        assert response.json()["error"]["code"] == "model_not_found"
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+INVALID_KEY = {
+    "chat": (401, "invalid_request_error"),
+    "responses": (401, "invalid_request_error"),
+    "messages": (401, "authentication_error"),
+    "gemini": (400, "INVALID_ARGUMENT"),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("which", ["unknown", "revoked", "missing"])
+def test_a_bad_key_is_refused_and_not_logged(gateway, world, protocol, which):
+    key = {"unknown": "hb-not-a-real-key", "revoked": world.revoked_key, "missing": ""}[which]
+    request = call(protocol, key, "sim-model", "hi")
+    headers = request.headers
+    if which == "missing":
+        headers = {k: v for k, v in headers.items() if k not in ("authorization", "x-api-key", "x-goog-api-key")}
+    response = httpx.post(gateway.url + request.path, json=request.body, headers=headers)
+    status, error = INVALID_KEY[protocol]
+    assert response.status_code == status
+    assert error_of(protocol, response) == error
+    if protocol == "gemini":
+        assert response.json()["error"]["details"][0]["reason"] == "API_KEY_INVALID"
+    if protocol in ("chat", "responses"):
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert not RequestLog.objects.filter(request_id=response.headers["x-hopbase-request-id"]).exists()
+
+
+@pytest.mark.parametrize("header", ["authorization", "x-api-key", "x-goog-api-key", "query"])
+def test_the_key_is_accepted_wherever_an_sdk_sends_it(gateway, world, header):
+    request = call("gemini", world.key, "sim-model", "hi", stream=False)
+    if header == "authorization":
+        headers, params = {"authorization": f"Bearer {world.key}"}, {}
+    elif header == "query":
+        headers, params = {}, {"key": world.key}
+    else:
+        headers, params = {header: world.key}, {}
+    response = httpx.post(gateway.url + request.path, json=request.body, headers=headers, params=params)
+    assert response.status_code == 200
+    assert response.json()["candidates"][0]["content"]["parts"][0]["text"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_wrong_method_is_405_in_the_callers_format(gateway, world, protocol):
+    request = call(protocol, world.key, "sim-model", "hi")
+    response = httpx.get(gateway.url + request.path, headers=request.headers)
+    assert response.status_code == 405
+    assert error_of(protocol, response) == MALFORMED[protocol]
+
+
+@pytest.mark.parametrize(
+    "path,headers,expected",
+    [
+        ("/v1/nothing/here", {}, ("chat", "invalid_request_error")),
+        ("/v1/nothing/here", {"anthropic-version": "2023-06-01"}, ("messages", "not_found_error")),
+        ("/v1beta/tunedModels/x", {}, ("gemini", "NOT_FOUND")),
+    ],
+)
+def test_an_unknown_path_is_404_in_the_callers_format(gateway, world, path, headers, expected):
+    response = httpx.post(gateway.url + path, json={}, headers={"authorization": f"Bearer {world.key}", **headers})
+    protocol, error = expected
+    assert response.status_code == 404
+    assert "html" not in response.headers["content-type"]
+    assert error_of(protocol, response) == error
+
+
+def test_every_response_carries_its_request_id_and_each_request_one_log(gateway, world):
+    ids = []
+    for protocol in PROTOCOLS:
+        response = send(gateway, call(protocol, world.key, "sim-model", "hi", stream=False))
+        assert response.status_code == 200
+        ids.append(response.headers["x-hopbase-request-id"])
+    assert len(set(ids)) == len(ids)
+    for request_id in ids:
+        assert wait_for_log(request_id) is not None
+        assert RequestLog.objects.filter(request_id=request_id).count() == 1
+
+
+def test_gemini_streams_in_the_json_array_form_without_alt_sse(gateway, world):
+    request = call("gemini", world.key, "sim-model", "hi [sim tokens=3]")
+    response = httpx.post(
+        gateway.url + request.path.split("?")[0], json=request.body, headers=request.headers, timeout=10
+    )
+    assert response.status_code == 200
+    chunks = response.json()
+    assert isinstance(chunks, list) and len(chunks) >= 3
+    assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    assert "".join(p["text"] for c in chunks for p in c["candidates"][0]["content"]["parts"]).startswith("héllo")
+
+
+def test_healthz_answers_without_a_key(gateway):
+    response = httpx.get(gateway.url + "/healthz")
+    assert response.status_code == 200
