@@ -1,0 +1,421 @@
+"""A fake LLM provider: the upstream the gateway's tests and demo talk to.
+
+It sits at the far end of request -> auth -> channel choice -> *relay* ->
+metering: the relay sends it real provider requests and gets back the exact
+bytes OpenAI Chat, OpenAI Responses, Anthropic and Gemini would send, streaming
+or not. Misbehaviour is ordered per request with directives (status codes,
+in-stream errors, stalls, cut connections, odd chunking, pacing), and every
+request is recorded with the bytes it was answered with, so a test can check
+what the gateway relayed against what the upstream really sent.
+
+This module routes requests, keeps the records and drives each answer
+(pacing, failures at token N). Its parts:
+
+- ``simulator_http``: the HTTP/1.1 server layer on plain ``asyncio.start_server``,
+  with full control over chunk boundaries, pauses and how a connection ends;
+- ``simulator_requests``: the directives a request carries and its prompt words;
+- ``simulator_wire``: the exact bytes of each protocol's events and bodies.
+
+``python manage.py simulate_upstream`` runs it as a process; tests can also
+``await Simulator().start(host, 0)`` inside their own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels_pool import simulator_wire as wire
+from channels_pool.simulator_http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
+from channels_pool.simulator_requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
+
+_GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
+_GEMINI_MODELS = re.compile(r"/(v1|v1beta|v1alpha)/models")
+
+ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/messages": "anthropic",
+}
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class Record:
+    id: int
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    peer: str
+    started_at: float
+    tag: str | None = None
+    protocol: str | None = None
+    model: str | None = None
+    stream: bool = False
+    body: Any = None
+    directives: dict[str, str] = field(default_factory=dict)
+    status: int | None = None
+    sent: bytearray = field(default_factory=bytearray)
+    tokens_sent: int = 0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    completed: bool = False
+    client_closed_at: float | None = None
+    tokens_at_close: int | None = None
+
+    def note_hang_up(self) -> None:
+        # A caller leaving after the terminal event has not cut anything short.
+        if not self.completed:
+            self.client_closed_at = time.time()
+            self.tokens_at_close = self.tokens_sent
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tag": self.tag,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "protocol": self.protocol,
+            "model": self.model,
+            "stream": self.stream,
+            "headers": self.headers,
+            "api_key": api_key_of(self.headers, self.query),
+            "peer": self.peer,
+            "body": self.body,
+            "directives": self.directives,
+            "status": self.status,
+            "sent_b64": base64.b64encode(bytes(self.sent)).decode(),
+            "tokens_sent": self.tokens_sent,
+            "started_at": self.started_at,
+            "first_token_at": self.first_token_at,
+            "finished_at": self.finished_at,
+            "completed": self.completed,
+            "client_closed_at": self.client_closed_at,
+            "tokens_at_close": self.tokens_at_close,
+        }
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Simulator:
+    """The fake provider. ``await start(host, port)`` returns the bound port (0 picks one)."""
+
+    def __init__(self) -> None:
+        self._records: list[Record] = []
+        self._ids = itertools.count(1)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [record.as_dict() for record in self._records]
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 8901) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            # Every event must leave at once; Nagle would glue chunks together.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(reader, writer)
+        try:
+            while not conn.gone.is_set():
+                request = await read_request(conn)
+                if request is None or not await self._dispatch(conn, request):
+                    break
+        except BadRequest as exc:
+            with contextlib.suppress(ClientGone):
+                body = json.dumps({"error": {"message": f"simulated bad request: {exc}"}}).encode()
+                await conn.send_head(400, {"content-type": "application/json", "content-length": str(len(body)),
+                                           "connection": "close"})
+                await conn.write(body)
+        except (ClientGone, OSError):
+            pass
+        except asyncio.CancelledError:
+            # stop() cancels connections; ending quietly keeps Python 3.11's
+            # start_server callback from logging the cancellation as an error.
+            pass
+        finally:
+            await conn.unwatch()
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            self._connections.discard(task)
+
+    async def _dispatch(self, conn: Connection, request: Request) -> bool:
+        """Answer one request; False closes the connection."""
+        path, method = request.path, request.method
+        if path == "/_sim/health":
+            return await self._json(conn, request, 200, {"status": "ok"})
+        if path == "/_sim/records":
+            if method == "DELETE":
+                count = len(self._records)
+                self.clear()
+                return await self._json(conn, request, 200, {"deleted": count})
+            tag = request.query.get("tag")
+            return await self._json(conn, request, 200,
+                                    [r.as_dict() for r in self._records if tag is None or r.tag == tag])
+
+        record = Record(id=next(self._ids), method=method, path=path, query=request.query,
+                        headers=request.headers, peer=conn.peer, started_at=time.time())
+        self._records.append(record)
+        try:
+            return await self._answer(conn, request, record)
+        finally:
+            record.finished_at = time.time()
+
+    async def _answer(self, conn: Connection, request: Request, record: Record) -> bool:
+        path, method = request.path, request.method
+        protocol = ROUTES.get(path)
+        stream = False
+        model: str | None = None
+        gemini = _GEMINI_CALL.fullmatch(path)
+        if gemini:
+            protocol = "gemini"
+            model = gemini.group(2).removeprefix("models/")
+            stream = gemini.group(3) == "streamGenerateContent"
+        if method == "GET" and (path == "/v1/models" or _GEMINI_MODELS.fullmatch(path)):
+            return await self._models(conn, request, record)
+        if protocol is None or method != "POST":
+            missing = {"error": {"message": f"simulated upstream has no route for {method} {path}",
+                                 "type": "not_found", "code": 404}}
+            return await self._json(conn, request, 404, missing, record)
+
+        record.protocol = protocol
+        api_key = api_key_of(request.headers, request.query)
+        try:
+            parsed = json.loads(request.body) if request.body else None
+        except (ValueError, UnicodeDecodeError):
+            parsed = None
+        record.body = parsed
+        body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+        texts = prompt_texts(protocol, body)
+        raw = gather_directives(api_key, texts, request.headers.get("x-sim"))
+        directives = Directives.from_raw(raw)
+        record.directives = raw
+        record.tag = directives.tag
+        if protocol != "gemini":
+            model = body.get("model") if isinstance(body.get("model"), str) else None
+            stream = body.get("stream") is True
+        record.model = model
+        record.stream = stream
+
+        if directives.status is not None:
+            headers = {"retry-after": directives.retry_after} if directives.retry_after else {}
+            failure = wire.error_body(protocol, directives.status, directives.reason)
+            return await self._json(conn, request, directives.status, failure, record, headers)
+        if not isinstance(parsed, dict):
+            failure = wire.error_body(protocol, 400, message="simulated upstream: the body is not a JSON object")
+            return await self._json(conn, request, 400, failure, record)
+
+        renderer = wire.RENDERERS[protocol](_script(protocol, model, body, texts, directives, request))
+        conn.watch(record.note_hang_up)
+        try:
+            if stream:
+                return await self._stream(conn, request, record, renderer, directives)
+            return await self._whole(conn, request, record, renderer, directives)
+        finally:
+            await conn.unwatch()
+
+    def _headers(self, record: Record | None, content_type: str, request_id_header: str | None) -> dict[str, str]:
+        headers = {"content-type": content_type, "server": "hopbase-simulator"}
+        if record is not None:
+            headers["x-sim-record"] = str(record.id)
+        if request_id_header:
+            headers[request_id_header] = f"req_{secrets.token_hex(12)}"
+        return headers
+
+    async def _json(self, conn: Connection, request: Request, status: int, payload: object,
+                    record: Record | None = None, extra: dict[str, str] | None = None) -> bool:
+        body = wire.dump(payload).encode()
+        request_id = wire.RENDERERS[record.protocol].request_id_header if record and record.protocol else None
+        headers = self._headers(record, "application/json", request_id)
+        headers.update(extra or {})
+        headers["content-length"] = str(len(body))
+        if not request.keep_alive:
+            headers["connection"] = "close"
+        await conn.send_head(status, headers)
+        await conn.write(body)
+        if record is not None:
+            record.status = status
+            record.sent += body
+        return request.keep_alive
+
+    async def _models(self, conn: Connection, request: Request, record: Record) -> bool:
+        headers = request.headers
+        if _GEMINI_MODELS.fullmatch(request.path) and request.path != "/v1/models":
+            flavour = "gemini"
+        elif "x-goog-api-key" in headers or "key" in request.query:
+            flavour = "gemini"
+        elif "anthropic-version" in headers:
+            flavour = "anthropic"
+        else:
+            flavour = "openai"
+        raw = gather_directives(api_key_of(headers, request.query), [], headers.get("x-sim"))
+        directives = Directives.from_raw(raw)
+        record.directives, record.tag = raw, directives.tag
+        if directives.status is not None:
+            protocol = {"openai": "chat"}.get(flavour, flavour)
+            return await self._json(conn, request, directives.status,
+                                    wire.error_body(protocol, directives.status, directives.reason), record)
+        record.completed = True
+        return await self._json(conn, request, 200, wire.models_list(flavour), record)
+
+    async def _whole(self, conn: Connection, request: Request, record: Record,
+                     renderer: wire.Renderer, d: Directives) -> bool:
+        """A non-streaming answer: nothing is sent until the whole answer exists, so any
+        failure ordered for token N becomes an HTTP error, a silence or a dropped socket."""
+        total = renderer.script.output_tokens
+        failures: list[tuple[int, str, str]] = []
+        if d.error_after_preamble:
+            failures.append((0, "error", d.error_after_preamble))
+        if d.error_after is not None and d.error_after <= total:
+            failures.append((d.error_after, "error", d.error_kind))
+        if d.stall_after is not None and d.stall_after <= total:
+            failures.append((d.stall_after, "stall", ""))
+        if d.cut_after is not None and d.cut_after <= total:
+            failures.append((d.cut_after, "cut", ""))
+        if failures:
+            at, what, kind = min(failures, key=lambda failure: failure[0])
+            await conn.sleep(d.generation_time(at))
+            if what == "stall":
+                await conn.wait_for_hang_up()
+            if what == "cut":
+                return False
+            status = renderer.error_status(kind)
+            return await self._json(conn, request, status, renderer.error_body(status), record)
+
+        await conn.sleep(d.generation_time(total))
+        body = wire.dump(renderer.body()).encode()
+        headers = self._headers(record, renderer.json_content_type, renderer.request_id_header)
+        headers["content-length"] = str(len(body))
+        if not request.keep_alive:
+            headers["connection"] = "close"
+        record.status = 200
+        await conn.send_head(200, headers)
+        out = BodyWriter(conn, record.sent, chunked=False, split=d.split)
+        await out.event(body, pause=d.pause_mid_event)
+        record.tokens_sent = total
+        record.first_token_at = time.time()
+        record.completed = True
+        return request.keep_alive
+
+    async def _stream(self, conn: Connection, request: Request, record: Record,
+                      renderer: wire.Renderer, d: Directives) -> bool:
+        headers = self._headers(record, renderer.stream_content_type, renderer.request_id_header)
+        headers.update({"cache-control": "no-cache", "transfer-encoding": "chunked"})
+        if not request.keep_alive:
+            headers["connection"] = "close"
+        record.status = 200
+        await conn.send_head(200, headers)
+        out = BodyWriter(conn, record.sent, chunked=True, split=d.split)
+        tokens = written = 0
+        in_preamble = True
+
+        async def fail(kind: str) -> bool:
+            await out.event(renderer.stream_error(kind, written))
+            await out.flush()
+            await conn.write(b"0\r\n\r\n")
+            return request.keep_alive
+
+        for event in renderer.events():
+            if event.kind != wire.PREAMBLE:
+                if in_preamble and d.error_after_preamble:
+                    return await fail(d.error_after_preamble)
+                in_preamble = False
+                # Each failure fires before the first event that follows its Nth token.
+                if d.error_after == tokens:
+                    return await fail(d.error_kind)
+                if d.stall_after == tokens:
+                    await out.flush()
+                    await conn.wait_for_hang_up()
+                if d.cut_after == tokens:
+                    await out.flush()
+                    return False  # closing now leaves the chunked body unterminated
+            pause = 0.0
+            if event.kind == wire.TOKEN:
+                delay = d.first_delay if tokens == 0 else d.pace
+                if delay > 0:
+                    await out.flush()
+                    await conn.sleep(delay)
+                pause = d.pause_mid_event if tokens == 0 else 0.0
+            await out.event(event.data, pause=pause, may_hold=True)
+            written += 1
+            if event.kind == wire.TOKEN:
+                tokens += 1
+                record.tokens_sent = tokens
+                if tokens == 1:
+                    record.first_token_at = time.time()
+        await out.flush()
+        record.completed = True
+        await conn.write(b"0\r\n\r\n")
+        return request.keep_alive
+
+
+def _script(protocol: str, model: str | None, body: dict[str, Any], texts: list[str], d: Directives,
+            request: Request) -> wire.Script:
+    stream_options = body.get("stream_options")
+    return wire.Script(
+        model=model or "sim-model",
+        thinking=wire.deltas(d.thinking, wire.THINKING_WORDS),
+        text=wire.deltas(d.tokens, wire.TEXT_WORDS),
+        tool=d.tool,
+        input_tokens=count_words(texts),
+        stem=d.id or secrets.token_hex(12),
+        created=d.created if d.created is not None else int(time.time()),
+        cached=d.cached,
+        cache_write=d.cache_write,
+        crlf=d.crlf if d.crlf is not None else protocol == "gemini",  # Google sends CRLF
+        include_usage=isinstance(stream_options, dict) and stream_options.get("include_usage") is True,
+        sse=request.query.get("alt") == "sse",
+        request=body,
+    )
+
+
+def run(host: str = "127.0.0.1", port: int = 8901, ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve until the process is killed; ``ready(host, port)`` is called once listening."""
+
+    async def serve() -> None:
+        simulator = Simulator()
+        bound = await simulator.start(host, port)
+        if ready is not None:
+            ready(host, bound)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await simulator.stop()
+
+    asyncio.run(serve())
