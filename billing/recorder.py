@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from billing.metering import billable_tokens
+from channels_pool import health
 from billing.models import RequestLog
 from hopbase.models import ApiKey
 from hopbase.protocols.base import Usage
@@ -126,6 +127,10 @@ class Recorder:
         except Exception:
             log.exception("could not write %d request logs", len(rows))
             return
+        try:
+            health.persist(health.board.changes())
+        except Exception:
+            log.exception("could not write channel health")
         for item in batch:
             log.info(
                 "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",

@@ -19,7 +19,7 @@ class ChannelHealthInline(admin.StackedInline):
     extra = 0
     max_num = 1
     fields = readonly_fields = (
-        "state", "successes", "failures", "consecutive_failures", "last_error_kind",
+        "state", "recent_success_pct", "successes", "failures", "consecutive_failures", "last_error_kind",
         "median_ttft_ms", "open_until", "changed_at",
     )
 
@@ -34,7 +34,8 @@ class ChannelHealthInline(admin.StackedInline):
 class ChannelAdmin(admin.ModelAdmin):
     form = ChannelForm
     list_display = (
-        "name", "protocol", "base_url", "models", "priority", "weight", "max_concurrency", "enabled", "health_state",
+        "name", "protocol", "base_url", "models", "priority", "weight", "max_concurrency", "enabled",
+        "health_state", "success_rate", "median_ttft", "last_error",
     )
     list_filter = ("protocol", "enabled")
     list_select_related = ("health",)
@@ -49,10 +50,30 @@ class ChannelAdmin(admin.ModelAdmin):
 
     @admin.display(description="health")
     def health_state(self, channel: Channel) -> str:
+        health = self._health(channel)
+        return health.get_state_display() if health is not None else "no record yet"
+
+    @staticmethod
+    def _health(channel: Channel) -> ChannelHealth | None:
         try:
-            return channel.health.get_state_display()
+            return channel.health
         except ObjectDoesNotExist:
-            return "no record yet"
+            return None
+
+    @admin.display(description="recent success")
+    def success_rate(self, channel: Channel) -> str:
+        health = self._health(channel)
+        return "–" if health is None or health.recent_success_pct is None else f"{health.recent_success_pct}%"
+
+    @admin.display(description="median TTFT")
+    def median_ttft(self, channel: Channel) -> str:
+        health = self._health(channel)
+        return "–" if health is None or health.median_ttft_ms is None else f"{health.median_ttft_ms} ms"
+
+    @admin.display(description="last error")
+    def last_error(self, channel: Channel) -> str:
+        health = self._health(channel)
+        return health.last_error_kind if health is not None and health.last_error_kind else "–"
 
     @admin.action(description="Enable selected channels", permissions=["change"])
     def enable_channels(self, request, queryset) -> None:

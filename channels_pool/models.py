@@ -105,6 +105,7 @@ class ChannelHealth(models.Model):
     failures = models.PositiveBigIntegerField(default=0)
     consecutive_failures = models.PositiveIntegerField(default=0)
     last_error_kind = models.CharField(max_length=40, blank=True)
+    recent_success_pct = models.PositiveSmallIntegerField(null=True, blank=True)
     median_ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     open_until = models.DateTimeField(null=True, blank=True)
     changed_at = models.DateTimeField(default=timezone.now)

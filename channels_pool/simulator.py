@@ -371,7 +371,7 @@ class Simulator:
                 if delay > 0:
                     await out.flush()
                     await conn.sleep(delay)
-                pause = d.pause_mid_event if tokens == 0 else 0.0
+                pause = d.pause_mid_event if tokens == d.pause_at else 0.0
             await out.event(event.data, pause=pause, may_hold=True)
             written += 1
             if event.kind == wire.TOKEN:

@@ -9,7 +9,7 @@ merged from three places, later ones overriding earlier ones:
 
 Keys: tokens, thinking, tool, pace, first_delay, status, reason, retry_after,
 error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
-crlf, pause_mid_event, tag, id, created, cached, cache_write. Unknown keys and
+crlf, pause_mid_event, pause_at, tag, id, created, cached, cache_write. Unknown keys and
 malformed values are ignored, so a request always gets an answer.
 
 The prompt text is also what input tokens are counted from: one
@@ -111,6 +111,10 @@ class Directives:
     split: int | str | None = None
     crlf: bool | None = None
     pause_mid_event: float = 0.0
+    # Which content token's event the pause falls in (0: the first). A gateway
+    # holds back the stream until the first token, so keep-alives can only
+    # be seen in a pause after it.
+    pause_at: int = 0
     tag: str | None = None
     id: str | None = None
     created: int | None = None
@@ -137,6 +141,7 @@ class Directives:
             split=_seed(raw.get("split")),
             crlf=_flag(raw, "crlf"),
             pause_mid_event=_number(raw, "pause_mid_event", float, 0.0),
+            pause_at=_number(raw, "pause_at", int, 0),
             tag=raw.get("tag") or None,
             id=raw.get("id") or None,
             created=_number(raw, "created", int),

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from billing.recorder import Finished, recorder
 from channels_pool import affinity
+from channels_pool.health import board
 from channels_pool.selection import ChannelInfo, directory
 from channels_pool.upstream import END, PROGRESS, TIMEOUT, Attempt
 from hopbase.auth import Caller
@@ -95,6 +96,7 @@ class Run:
         for index, channel in enumerate(candidates):
             slow_start = self._slow_start_limit(is_last=index == len(candidates) - 1)
             request = self.protocol.upstream_request(channel, self.facts, self.headers)
+            board.started(channel.id)
             attempt = Attempt(channel, request.url, request.headers, request.content, self.protocol)
             watcher = self.protocol.new_watcher(self.facts)
             self.attempts += 1
@@ -110,6 +112,7 @@ class Run:
                             # F7: stream whatever preamble arrived; committed now.
                             return Committed(attempt, watcher, b"".join(held), ended=False)
                         failures.append(UpstreamFailure("slow_start", attempt.status))
+                        board.failed(channel.id, "slow_start")
                         break
                     if item is PROGRESS:
                         continue
@@ -118,16 +121,19 @@ class Run:
                         if not failure.channel_fault:
                             raise GatewayError(*self._request_fault(failure))
                         failures.append(failure)
+                        board.failed(channel.id, failure.kind)
                         break
                     mark = watcher.mark(item)
                     if mark & Mark.ERROR:
                         failures.append(UpstreamFailure("error_event", attempt.status, busy=watcher.busy_error))
+                        board.failed(channel.id, "error_event")
                         break
                     if mark & Mark.DROP:
                         continue
                     held.append(watcher.client_bytes(item))
                     if mark & (Mark.CONTENT | Mark.TERMINAL):
                         self.ttft_ms = self._elapsed_ms()
+                        board.succeeded(channel.id, self.ttft_ms)
                         return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
             except BaseException:
                 attempt.close()
@@ -273,6 +279,8 @@ class Run:
         if self.finished:
             return
         self.finished = True
+        if status in ("stalled", "interrupted") and self.channel is not None:
+            board.failed(self.channel.id, self.error_kind)
         watcher = self.watcher
         if status == "completed" and watcher is not None and watcher.state_id and self.channel is not None:
             affinity.remember(watcher.state_id, self.channel.id)
@@ -304,7 +312,7 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
     run = Run(request_id, protocol, caller, facts, headers)
     try:
         pinned = await affinity.channel_for(facts.affinity_key) if facts.affinity_key else None
-        candidates = await directory.candidates(protocol.channel_protocol, facts.model, pinned)
+        candidates = board.arrange(await directory.candidates(protocol.channel_protocol, facts.model, pinned))
         if not candidates:
             run.error_kind = "model_not_found"
             run.finish("rejected")

@@ -144,6 +144,11 @@ HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
 HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
 HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)
 HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
+# Circuit breaker (channels_pool.health): failures in a row before a channel
+# is skipped, and the first and longest cool-down.
+HOPBASE_BREAKER_FAILURES = env_int("HOPBASE_BREAKER_FAILURES", 3, minimum=1)
+HOPBASE_BREAKER_COOLDOWN = env_seconds("HOPBASE_BREAKER_COOLDOWN", 5)
+HOPBASE_BREAKER_MAX_COOLDOWN = env_seconds("HOPBASE_BREAKER_MAX_COOLDOWN", 300)
 
 INSTALLED_APPS = [
     "daphne",

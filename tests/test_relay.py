@@ -64,7 +64,7 @@ def test_the_client_gets_the_channels_bytes_with_only_keepalives_added(gateway, 
     tag = new_tag()
     # Seeded random chunk splits (inside events, inside UTF-8, between CR and
     # LF) and a pause inside an event longer than the keep-alive interval.
-    prompt = f"hello [sim tag={tag} tokens=9 split=7 crlf=1 pause_mid_event=1.0]"
+    prompt = f"hello [sim tag={tag} tokens=9 split=7 crlf=1 pause_mid_event=1.0 pause_at=3]"
     response = stream(gateway, protocol, world.key, "sim-model", prompt)
     assert response.status_code == 200
     (record,) = wait_for_records(world.simulator.url, tag)
@@ -76,7 +76,7 @@ def test_the_client_gets_the_channels_bytes_with_only_keepalives_added(gateway, 
 
 def test_chat_passes_bytes_through_when_the_client_asked_for_usage(gateway, world):
     tag = new_tag()
-    prompt = f"hi [sim tag={tag} tokens=6 split=3 crlf=1 pause_mid_event=1.0]"
+    prompt = f"hi [sim tag={tag} tokens=6 split=3 crlf=1 pause_mid_event=1.0 pause_at=2]"
     response = stream(gateway, "chat", world.key, "sim-model", prompt)
     (record,) = wait_for_records(world.simulator.url, tag)
     body, keepalives = strip_keepalives("chat", response.content)

@@ -1,0 +1,126 @@
+"""Channel health: the circuit breaker (closed / open / half-open) and what
+operators see of it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from channels_pool.health import HealthBoard
+from channels_pool.models import ChannelHealth
+from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
+from tests.processes import start_gateway
+from tests.wire import call, wait_for_log, wait_for_records
+
+
+@dataclass(frozen=True)
+class Fake:
+    id: int
+
+
+A, B, C = Fake(1), Fake(2), Fake(3)
+
+
+@pytest.fixture
+def quick_breaker(settings):
+    settings.HOPBASE_BREAKER_FAILURES = 2
+    settings.HOPBASE_BREAKER_COOLDOWN = 0.2
+    settings.HOPBASE_BREAKER_MAX_COOLDOWN = 0.3
+
+
+@pytest.mark.usefixtures("quick_breaker")
+class TestBreaker:
+    def test_it_keeps_order_while_channels_are_healthy(self):
+        board = HealthBoard()
+        board.failed(A.id, "http_500")
+        assert board.arrange([A, B, C]) == [A, B, C]
+
+    def test_failures_in_a_row_open_the_breaker_and_push_the_channel_last(self):
+        board = HealthBoard()
+        board.failed(A.id, "http_500")
+        board.failed(A.id, "http_500")
+        assert board.arrange([A, B, C]) == [B, C, A]
+        (snap,) = board.changes()
+        assert (snap.state, snap.failures, snap.last_error_kind) == ("open", 2, "http_500")
+
+    def test_a_success_in_between_resets_the_count(self):
+        board = HealthBoard()
+        board.failed(A.id, "http_500")
+        board.succeeded(A.id, 120)
+        board.failed(A.id, "http_500")
+        assert board.arrange([A, B]) == [A, B]
+
+    def test_after_the_cooldown_one_trial_is_allowed(self):
+        board = HealthBoard()
+        board.failed(A.id, "timeout")
+        board.failed(A.id, "timeout")
+        time.sleep(0.25)  # the cool-down itself is what is tested
+        assert board.arrange([A, B]) == [A, B]
+        board.started(A.id)
+        assert board.arrange([A, B]) == [B, A]  # only one trial at a time
+        board.succeeded(A.id, 80)
+        assert board.arrange([A, B]) == [A, B]
+        assert board.changes()[0].state == "closed"
+
+    def test_a_failed_trial_opens_it_again_for_longer(self):
+        board = HealthBoard()
+        board.failed(A.id, "timeout")
+        board.failed(A.id, "timeout")
+        first = board._breakers[A.id].cooldown
+        time.sleep(0.25)
+        board.arrange([A])
+        board.started(A.id)
+        board.failed(A.id, "timeout")
+        assert board._breakers[A.id].state == "open"
+        assert board._breakers[A.id].cooldown > first
+
+    def test_it_reports_recent_success_rate_and_median_ttft(self):
+        board = HealthBoard()
+        for ttft in (100, 300, 200):
+            board.succeeded(A.id, ttft)
+        board.failed(A.id, "cut")
+        (snap,) = board.changes()
+        assert (snap.recent_success_pct, snap.median_ttft_ms) == (75, 200)
+        assert board.changes() == []  # nothing new since
+
+
+@pytest.fixture(scope="module")
+def breaker_gateway(world):
+    env = {
+        **GATEWAY_TIMERS,
+        "DATABASE_URL": database_url_for_subprocess(),
+        "HOPBASE_BREAKER_FAILURES": "2",
+        "HOPBASE_BREAKER_COOLDOWN": "1",
+    }
+    service = start_gateway(env)
+    yield service
+    service.stop()
+
+
+@pytest.mark.gateway
+@pytest.mark.usefixtures("committed_db")
+def test_a_failing_channel_is_skipped_then_retried_after_its_cooldown(breaker_gateway, world):
+    def ask() -> tuple[str, int]:
+        tag = uuid.uuid4().hex[:10]
+        request = call("messages", world.key, "failover-busy", f"hi [sim tag={tag} tokens=2]")
+        response = httpx.post(breaker_gateway.url + request.path, json=request.body, headers=request.headers)
+        assert response.status_code == 200
+        return tag, wait_for_log(response.headers["x-hopbase-request-id"]).attempts
+
+    assert [ask()[1] for _ in range(2)] == [2, 2]
+    tag, attempts = ask()
+    assert attempts == 1  # the bad channel is open: straight to the good one
+    assert [r["api_key"] for r in wait_for_records(world.simulator.url, tag)] == ["sk-upstream-secret"]
+    bad = world.channels["anthropic-failover-busy-bad"]
+    deadline = time.monotonic() + 5
+    while not ChannelHealth.objects.filter(channel_id=bad, state="open").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    health = ChannelHealth.objects.get(channel_id=bad)
+    assert (health.state, health.last_error_kind) == ("open", "http_529")
+    time.sleep(1.1)  # the cool-down itself is what is tested
+    tag, attempts = ask()
+    assert attempts == 2  # half-open: tried again, failed, then the good one
