@@ -19,6 +19,9 @@ from hopbase.errors import UpstreamFailure
 from hopbase.sse import Event, EventSplitter
 
 MAX_ERROR_BODY = 64 * 1024
+# Response headers from the channel that a client's SDK reads (request ids);
+# rate-limit headers describe HopBase's account and stay here.
+PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 
 
 class _Signal:
@@ -81,7 +84,9 @@ class Attempt:
     async def _pump(self, url: str, headers: dict[str, str], content: bytes) -> None:
         put = self._queue.put_nowait
         http = client()
-        request = http.build_request("POST", url, headers=headers, content=content)
+        # httpx asks for gzip by default; the relay splits raw bytes, so the
+        # channel must send them uncompressed.
+        request = http.build_request("POST", url, headers={**headers, "accept-encoding": "identity"}, content=content)
         try:
             response = await http.send(request, stream=True)
         except httpx.TimeoutException:
@@ -134,6 +139,10 @@ class Attempt:
                 self._queue.put_nowait(END)
                 return rest[0]
         return item
+
+    def passed_back_headers(self) -> dict[str, str]:
+        found = self.response_headers or {}
+        return {name: found[name] for name in PASSED_BACK_HEADERS if name in found}
 
     def close(self) -> None:
         """Hang up on the channel (no-op once the response has ended)."""

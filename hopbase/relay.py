@@ -324,7 +324,10 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
     except BaseException:
         run.finish("cancelled")
         raise
+    upstream_headers = committed.attempt.passed_back_headers()
     if not facts.stream:
-        return await run.collect(committed)
+        reply = await run.collect(committed)
+        reply.headers.update(upstream_headers)
+        return reply
     content_type = committed.watcher.content_type
-    return Reply(200, content_type, chunks=run.stream(committed), headers=dict(STREAM_HEADERS))
+    return Reply(200, content_type, chunks=run.stream(committed), headers={**STREAM_HEADERS, **upstream_headers})
