@@ -1,0 +1,129 @@
+"""Tokens x prices, in exact decimals (metering -> *pricing* -> settlement).
+
+A request is charged at the price that was in force when it was *made*
+(``RequestLog.created_at``), not when it is settled, so a price change never
+reaches back to earlier requests however late they settle.
+
+The one rounding rule: every token class is priced exactly (USD per million
+tokens x tokens / 1,000,000), the four amounts are summed, the sum is
+multiplied by the tenant's ``price_multiplier``, and only that final amount
+is rounded, once, to 10 decimal places (``RequestLog.charge_usd`` and the
+ledger hold 10), half up. The arithmetic runs in a decimal context wide
+enough that nothing is rounded before that step.
+
+The hot path (the intake) must not ask the database for every request; it
+asks ``prices`` (a ``PriceBook``) whether a model is priced, from a list
+refreshed at most every HOPBASE_CONFIG_TTL seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+from collections.abc import Callable, Iterable
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+
+from django.utils import timezone
+
+from billing.metering import UNBILLED
+from billing.models import ModelPrice, RequestLog
+from billing.snapshots import Snapshot
+
+MILLION = Decimal(1_000_000)
+# RequestLog.charge_usd and LedgerEntry.amount_usd have decimal_places=10.
+CHARGE_QUANTUM = Decimal("1E-10")
+# Tokens (up to 20 digits) x prices (14 digits) x multiplier (8 digits) fits
+# well inside 60 significant digits: no intermediate rounding.
+PRECISION = 60
+
+
+class Unpriced(Exception):
+    """A billable request for a model that had no price when it was made."""
+
+
+def charge_for(log: RequestLog, price: ModelPrice | None, multiplier: Decimal) -> Decimal:
+    """The exact charge of one request log in USD, rounded once (see module
+    docstring). Failed and rejected requests, and requests without tokens,
+    cost nothing and need no price; otherwise a missing price raises
+    ``Unpriced``. ``output_tokens`` already includes thinking (metering)."""
+    if log.status in UNBILLED:
+        return Decimal(0).quantize(CHARGE_QUANTUM)
+    tokens = (log.input_tokens, log.output_tokens, log.cache_read_tokens, log.cache_write_tokens)
+    if not any(tokens):
+        return Decimal(0).quantize(CHARGE_QUANTUM)
+    if price is None:
+        raise Unpriced(f"no price for {log.model!r} at {log.created_at.isoformat()}")
+    rates = (
+        price.input_usd_per_mtok, price.output_usd_per_mtok,
+        price.cache_read_usd_per_mtok, price.cache_write_usd_per_mtok,
+    )
+    with localcontext() as context:
+        context.prec = PRECISION
+        amount = sum((Decimal(count) * rate for count, rate in zip(tokens, rates)), Decimal(0))
+        amount = amount * Decimal(multiplier) / MILLION
+        return amount.quantize(CHARGE_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+def price_at(model: str, at: dt.datetime) -> ModelPrice | None:
+    """The price of ``model`` in force at ``at``: the latest row that took
+    effect at or before that moment."""
+    return ModelPrice.objects.filter(model=model, effective_from__lte=at).order_by("-effective_from").first()
+
+
+def is_priced(model: str, at: dt.datetime | None = None) -> bool:
+    """Whether ``model`` has a price in force (now by default). One query;
+    the hot path uses ``prices.is_priced`` instead."""
+    return ModelPrice.objects.filter(model=model, effective_from__lte=at or timezone.now()).exists()
+
+
+class PriceHistory:
+    """Every price row of some models, in memory, for settling many logs at
+    once (the sweep) without a price query per log."""
+
+    def __init__(self, rows: Iterable[ModelPrice]) -> None:
+        self._rows: dict[str, list[ModelPrice]] = {}
+        for row in sorted(rows, key=lambda r: (r.model, r.effective_from)):
+            self._rows.setdefault(row.model, []).append(row)
+        self._moments = {model: [r.effective_from for r in rows] for model, rows in self._rows.items()}
+
+    @classmethod
+    def load(cls, models: Iterable[str]) -> PriceHistory:
+        return cls(ModelPrice.objects.filter(model__in=set(models)))
+
+    def at(self, model: str, moment: dt.datetime) -> ModelPrice | None:
+        moments = self._moments.get(model)
+        if not moments:
+            return None
+        index = bisect.bisect_right(moments, moment)
+        return self._rows[model][index - 1] if index else None
+
+
+def load_priced_models() -> frozenset[str]:
+    """Names of the models with a price in force now (one query)."""
+    return frozenset(
+        ModelPrice.objects.filter(effective_from__lte=timezone.now())
+        .order_by()
+        .values_list("model", flat=True)
+        .distinct()
+    )
+
+
+class PriceBook:
+    """Which models are priced, for the hot path: ``await
+    prices.is_priced(model)``. A new price (or one whose ``effective_from``
+    arrives) is seen within HOPBASE_CONFIG_TTL seconds (billing.snapshots)."""
+
+    def __init__(self, loader: Callable[[], frozenset[str]] = load_priced_models) -> None:
+        self._snapshot: Snapshot[frozenset[str]] = Snapshot(loader)
+
+    async def models(self) -> frozenset[str]:
+        return await self._snapshot.get()
+
+    async def is_priced(self, model: str) -> bool:
+        return model in await self._snapshot.get()
+
+    def clear(self) -> None:
+        self._snapshot.clear()
+
+
+prices = PriceBook()
