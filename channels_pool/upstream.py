@@ -73,6 +73,7 @@ class Attempt:
 
     def __init__(self, channel: Any, url: str, headers: dict[str, str], content: bytes, protocol: Any) -> None:
         self.channel = channel
+        self.ended = False  # set by the relay once it has let go of the attempt
         self.status: int | None = None
         self.response_headers: httpx.Headers | None = None
         self._protocol = protocol

@@ -39,6 +39,7 @@ from hopbase.errors import (
     GatewayError,
     UpstreamFailure,
 )
+from hopbase.limits import POLL_SECONDS, limits
 from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, Usage
 from hopbase.sse import Event
 
@@ -86,62 +87,90 @@ class Run:
         self.upstream_status: int | None = None
         self.error_kind = ""
         self.finished = False
+        self.holds_key_slot = False
 
     # -- the hold (F1–F7) ------------------------------------------------
 
     async def hold(self, candidates: list[ChannelInfo]) -> Committed:
+        """Try channels in order until one yields its first content token."""
         loop = asyncio.get_running_loop()
         hold_until = loop.time() + settings.HOPBASE_HOLD_MAX
         failures: list[UpstreamFailure] = []
         for index, channel in enumerate(candidates):
-            slow_start = self._slow_start_limit(is_last=index == len(candidates) - 1)
+            is_last = index == len(candidates) - 1
+            if not await self._take_capacity(channel, may_wait=is_last):
+                failures.append(UpstreamFailure("capacity", busy=True))
+                continue
             request = self.protocol.upstream_request(channel, self.facts, self.headers)
             board.started(channel.id)
             attempt = Attempt(channel, request.url, request.headers, request.content, self.protocol)
-            watcher = self.protocol.new_watcher(self.facts)
             self.attempts += 1
-            self.channel, self.watcher = channel, watcher
+            self.channel, self.watcher = channel, self.protocol.new_watcher(self.facts)
+            slow_start = self._slow_start_limit(is_last)
             give_up_at = hold_until if slow_start is None else min(hold_until, loop.time() + slow_start)
-            held: list[bytes] = []
             try:
-                while True:
-                    item = await attempt.next(give_up_at - loop.time())
-                    self.upstream_status = attempt.status
-                    if item is TIMEOUT:
-                        if loop.time() >= hold_until:
-                            # F7: stream whatever preamble arrived; committed now.
-                            return Committed(attempt, watcher, b"".join(held), ended=False)
-                        failures.append(UpstreamFailure("slow_start", attempt.status))
-                        board.failed(channel.id, "slow_start")
-                        break
-                    if item is PROGRESS:
-                        continue
-                    if isinstance(item, UpstreamFailure) or item is END:
-                        failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut", attempt.status)
-                        if not failure.channel_fault:
-                            raise GatewayError(*self._request_fault(failure))
-                        failures.append(failure)
-                        board.failed(channel.id, failure.kind)
-                        break
-                    mark = watcher.mark(item)
-                    if mark & Mark.ERROR:
-                        failures.append(UpstreamFailure("error_event", attempt.status, busy=watcher.busy_error))
-                        board.failed(channel.id, "error_event")
-                        break
-                    if mark & Mark.DROP:
-                        continue
-                    held.append(watcher.client_bytes(item))
-                    if mark & (Mark.CONTENT | Mark.TERMINAL):
-                        self.ttft_ms = self._elapsed_ms()
-                        board.succeeded(channel.id, self.ttft_ms)
-                        return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
+                outcome = await self._first_token(attempt, self.watcher, give_up_at, hold_until)
             except BaseException:
-                attempt.close()
+                self.end_attempt(attempt)
                 raise
-            attempt.close()
+            if isinstance(outcome, Committed):
+                return outcome
+            self.end_attempt(attempt)
+            if not outcome.channel_fault:
+                raise GatewayError(*self._request_fault(outcome))
+            failures.append(outcome)
+            board.failed(channel.id, outcome.kind)
         self.channel = None
         self.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
+
+    async def _first_token(
+        self, attempt: Attempt, watcher: StreamWatcher, give_up_at: float, hold_until: float
+    ) -> Committed | UpstreamFailure:
+        """Read one attempt until its first content token (committed), the
+        hold cap (committed anyway, F7), or a failure."""
+        loop = asyncio.get_running_loop()
+        held: list[bytes] = []
+        while True:
+            item = await attempt.next(give_up_at - loop.time())
+            self.upstream_status = attempt.status
+            if item is TIMEOUT:
+                if loop.time() >= hold_until:
+                    return Committed(attempt, watcher, b"".join(held), ended=False)
+                return UpstreamFailure("slow_start", attempt.status)
+            if item is PROGRESS:
+                continue
+            if isinstance(item, UpstreamFailure):
+                return item
+            if item is END:
+                return UpstreamFailure("cut", attempt.status)
+            mark = watcher.mark(item)
+            if mark & Mark.ERROR:
+                return UpstreamFailure("error_event", attempt.status, busy=watcher.busy_error)
+            if mark & Mark.DROP:
+                continue
+            held.append(watcher.client_bytes(item))
+            if mark & (Mark.CONTENT | Mark.TERMINAL):
+                self.ttft_ms = self._elapsed_ms()
+                board.succeeded(attempt.channel.id, self.ttft_ms)
+                return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
+
+    async def _take_capacity(self, channel: ChannelInfo, may_wait: bool) -> bool:
+        """A slot under the channel's max concurrency. A full channel is
+        skipped, but the last one left is waited for (F8)."""
+        deadline = time.monotonic() + (settings.HOPBASE_CAPACITY_WAIT if may_wait else 0)
+        while not await limits.take_channel(channel.id, channel.max_concurrency):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_SECONDS)
+        return True
+
+    def end_attempt(self, attempt: Attempt) -> None:
+        if attempt.ended:
+            return
+        attempt.ended = True
+        attempt.close()
+        limits.release_channel(attempt.channel.id, attempt.channel.max_concurrency)
 
     def _slow_start_limit(self, is_last: bool) -> float | None:
         """F3: Claude without extended thinking must start within a limit,
@@ -214,7 +243,7 @@ class Run:
                             yield tail
                     return
         finally:
-            attempt.close()
+            self.end_attempt(attempt)
             self.finish(status)
 
     def _pass(self, event: Event, watcher: StreamWatcher) -> tuple[bytes, str | None]:
@@ -260,7 +289,7 @@ class Run:
             status = "completed"
             return Reply(200, "application/json", body=watcher.assembled_body())
         finally:
-            attempt.close()
+            self.end_attempt(attempt)
             self.finish(status)
 
     # -- the end -----------------------------------------------------------
@@ -279,6 +308,8 @@ class Run:
         if self.finished:
             return
         self.finished = True
+        if self.holds_key_slot:
+            limits.release_key(self.caller.key_id, self.caller.concurrency)
         if status in ("stalled", "interrupted") and self.channel is not None:
             board.failed(self.channel.id, self.error_kind)
         watcher = self.watcher
@@ -311,6 +342,8 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
     """Serve one authenticated, parsed request."""
     run = Run(request_id, protocol, caller, facts, headers)
     try:
+        await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
+        run.holds_key_slot = True
         pinned = await affinity.channel_for(facts.affinity_key) if facts.affinity_key else None
         candidates = board.arrange(await directory.candidates(protocol.channel_protocol, facts.model, pinned))
         if not candidates:
@@ -319,6 +352,7 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
             return run.error_reply(GatewayError(ErrorKind.MODEL_NOT_FOUND))
         committed = await run.hold(candidates)
     except GatewayError as error:
+        run.error_kind = run.error_kind or error.kind.value
         run.finish("failed" if run.attempts else "rejected")
         return run.error_reply(error)
     except BaseException:

@@ -28,6 +28,7 @@ GATEWAY_TIMERS = {
     "HOPBASE_CONFIG_TTL": "0.5",
     "HOPBASE_LOG_FLUSH_INTERVAL": "0.05",
     "HOPBASE_MAX_BODY_BYTES": "65536",
+    "HOPBASE_CAPACITY_WAIT": "1",
     # Scenario channels fail on every request; the breaker has its own test.
     "HOPBASE_BREAKER_FAILURES": "1000000",
 }
@@ -63,6 +64,8 @@ class World:
     limited_key: str  # tenant "acme", sim-model only
     revoked_key: str
     other_key: str  # tenant "globex"
+    one_at_a_time_key: str = ""  # concurrency 1
+    two_a_minute_key: str = ""  # rpm 2
     tenant_id: int = 0
     other_tenant_id: int = 0
     channels: dict[str, int] = field(default_factory=dict)
@@ -119,7 +122,17 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
         revoked_row, revoked = ApiKey.objects.issue(acme, label="revoked")
         revoked_row.revoke()
         _, other = ApiKey.objects.issue(globex, label="other")
-        built = World(simulator, key, limited, revoked, other, acme.pk, globex.pk)
+        built = World(
+            simulator=simulator,
+            key=key,
+            limited_key=limited,
+            revoked_key=revoked,
+            other_key=other,
+            tenant_id=acme.pk,
+            other_tenant_id=globex.pk,
+        )
+        built.one_at_a_time_key = ApiKey.objects.issue(acme, label="serial", concurrency=1)[1]
+        built.two_a_minute_key = ApiKey.objects.issue(acme, label="slow", rpm=2)[1]
         for model, channels in SCENARIOS.items():
             ModelPrice.objects.create(
                 model=model,
@@ -140,6 +153,17 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
                         priority=priority,
                     )
                     built.channels[name] = channel.pk
+        # One channel that takes one request at a time (F8).
+        ModelPrice.objects.create(model="narrow-model", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("1"))
+        narrow = Channel.objects.create(
+            name="openai-narrow-model",
+            protocol="openai",
+            base_url=simulator.url + "/v1",
+            secret="sk-upstream-secret",
+            served_models=["narrow-model"],
+            max_concurrency=1,
+        )
+        built.channels[narrow.name] = narrow.pk
     return built
 
 
