@@ -7,7 +7,6 @@ every refusal after the key is known is recorded as ``rejected`` (P8).
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -23,8 +22,12 @@ from hopbase.protocols.base import Protocol
 from hopbase.relay import Reply, new_request_id, relay
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
-# Requests with an unknown key are counted, not logged per tenant (P8).
-unknown_key_requests = itertools.count(1)
+# Requests with an unknown key are counted (per process), not logged (P8).
+_unknown_keys = 0
+
+
+def unknown_key_count() -> int:
+    return _unknown_keys
 
 
 def client_headers(request: HttpRequest) -> dict[str, str]:
@@ -59,7 +62,8 @@ async def identify(request: HttpRequest, headers: dict[str, str]) -> Caller | No
     secret = key_from_request(headers, request.GET.get("key"))
     caller = await keys.authenticate(secret) if secret else None
     if caller is None:
-        next(unknown_key_requests)
+        global _unknown_keys
+        _unknown_keys += 1
     return caller
 
 

@@ -66,4 +66,4 @@ async def unknown_gemini_path(request: HttpRequest, version: str, rest: str) -> 
 
 async def healthz(request: HttpRequest) -> HttpResponse:
     await directory.all()
-    return JsonResponse({"status": "ok"})
+    return JsonResponse({"status": "ok", "unknown_key_requests": intake.unknown_key_count()})

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -183,6 +185,23 @@ def test_gemini_streams_in_the_json_array_form_without_alt_sse(gateway, world):
     assert "".join(p["text"] for c in chunks for p in c["candidates"][0]["content"]["parts"]).startswith("héllo")
 
 
-def test_healthz_answers_without_a_key(gateway):
+def test_healthz_answers_without_a_key_and_counts_unknown_keys(gateway):
+    before = httpx.get(gateway.url + "/healthz").json()["unknown_key_requests"]
+    request = call("chat", "hb-nobody", "sim-model", "hi")
+    assert httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 401
     response = httpx.get(gateway.url + "/healthz")
     assert response.status_code == 200
+    assert response.json()["unknown_key_requests"] == before + 1
+
+
+def test_a_revoked_key_stops_working_within_the_cache_ttl(gateway, world):
+    from hopbase.models import ApiKey, Tenant
+
+    row, secret = ApiKey.objects.issue(Tenant.objects.get(pk=world.tenant_id), label="soon revoked")
+    request = call("chat", secret, "sim-model", "hi", stream=False)
+    assert httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 200
+    row.revoke()
+    revoked_at = time.monotonic()
+    while httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 200:
+        assert time.monotonic() - revoked_at < 0.5 + 1  # HOPBASE_CONFIG_TTL in the test gateway, plus slack
+    assert time.monotonic() - revoked_at < 1.5
