@@ -1,7 +1,7 @@
 """The front door: from a Django request to a relayed reply.
 
-key -> caller (auth) -> body checks -> protocol facts -> relay -> HTTP
-response. Every refusal is an error in the caller's protocol (table E), and
+key -> caller (auth) -> body checks -> protocol facts -> model allowed,
+priced, balance left -> relay -> HTTP response. Every refusal is an error in the caller's protocol (table E), and
 every refusal after the key is known is recorded as ``rejected`` (P8).
 """
 
@@ -14,6 +14,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
+from billing.balances import balances
+from billing.pricing import prices
 from billing.recorder import Finished, recorder
 from channels_pool.selection import directory
 from hopbase.auth import Caller, key_from_request, keys
@@ -116,6 +118,11 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
         facts = protocol.parse(body, raw, route or {})
         if not caller.allows(facts.model):
             raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
+        if not await prices.is_priced(facts.model):
+            # Nothing unpriced is ever served: it could not be billed.
+            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "The model is not available: it has no price yet.")
+        if await balances.exhausted(caller.tenant_id):
+            raise GatewayError(ErrorKind.BALANCE)
     except GatewayError as error:
         record_rejection(request_id, protocol, caller, model, error)
         return error_response(protocol, error, request_id)

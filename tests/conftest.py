@@ -66,6 +66,7 @@ class World:
     other_key: str  # tenant "globex"
     one_at_a_time_key: str = ""  # concurrency 1
     two_a_minute_key: str = ""  # rpm 2
+    broke_key: str = ""  # tenant "broke-gateway", balance 0
     tenant_id: int = 0
     other_tenant_id: int = 0
     channels: dict[str, int] = field(default_factory=dict)
@@ -110,6 +111,7 @@ def simulator():
 
 @pytest.fixture(scope="session")
 def world(django_db_setup, django_db_blocker, simulator) -> World:
+    from billing.ledger import top_up
     from billing.models import ModelPrice
     from channels_pool.models import Channel
     from hopbase.models import ApiKey, Tenant
@@ -117,6 +119,9 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
     with django_db_blocker.unblock():
         acme = Tenant.objects.create(name="acme-gateway")
         globex = Tenant.objects.create(name="globex-gateway")
+        broke = Tenant.objects.create(name="broke-gateway")
+        top_up(acme, Decimal("1000"))
+        top_up(globex, Decimal("1000"))
         _, key = ApiKey.objects.issue(acme, label="main")
         _, limited = ApiKey.objects.issue(acme, label="limited", allowed_models=["sim-model"])
         revoked_row, revoked = ApiKey.objects.issue(acme, label="revoked")
@@ -133,6 +138,7 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
         )
         built.one_at_a_time_key = ApiKey.objects.issue(acme, label="serial", concurrency=1)[1]
         built.two_a_minute_key = ApiKey.objects.issue(acme, label="slow", rpm=2)[1]
+        built.broke_key = ApiKey.objects.issue(broke, label="broke")[1]
         for model, channels in SCENARIOS.items():
             ModelPrice.objects.create(
                 model=model,
@@ -164,6 +170,15 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
             max_concurrency=1,
         )
         built.channels[narrow.name] = narrow.pk
+        # Served, but never priced: must never be served (issue: billing).
+        for protocol in PROTOCOLS:
+            Channel.objects.create(
+                name=f"{protocol}-unpriced",
+                protocol=protocol,
+                base_url=channel_base_url(protocol, simulator, "main"),
+                secret="sk-upstream-secret",
+                served_models=["unpriced-model"],
+            )
     return built
 
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from billing.models import RequestLog
-from tests.wire import PROTOCOLS, call, wait_for_log
+from tests.wire import PROTOCOLS, call, records, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
@@ -93,6 +93,38 @@ def test_an_unknown_or_forbidden_model_is_404(gateway, world, protocol, key_name
     assert error_of(protocol, response) == NOT_FOUND[protocol]
     if protocol in ("chat", "responses"):
         assert response.json()["error"]["code"] == "model_not_found"
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_model_without_a_price_is_never_served(gateway, world, protocol):
+    tag = f"unpriced{protocol}"
+    response = send(gateway, call(protocol, world.key, "unpriced-model", f"hi [sim tag={tag}]"))
+    assert response.status_code == 404
+    assert error_of(protocol, response) == NOT_FOUND[protocol]
+    assert "no price" in response.text
+    assert records(world.simulator.url, tag) == []
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+BROKE = {
+    "chat": (429, "insufficient_quota"),
+    "responses": (429, "insufficient_quota"),
+    "messages": (400, "invalid_request_error"),
+    "gemini": (429, "RESOURCE_EXHAUSTED"),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_tenant_without_credit_is_refused_before_any_upstream_call(gateway, world, protocol):
+    tag = f"broke{protocol}"
+    response = send(gateway, call(protocol, world.broke_key, "sim-model", f"hi [sim tag={tag}]"))
+    status, error = BROKE[protocol]
+    assert response.status_code == status
+    assert error_of(protocol, response) == error
+    assert response.headers["x-should-retry"] == "false"
+    assert "credit balance is too low" in response.text
+    assert records(world.simulator.url, tag) == []
     assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
 
 
