@@ -6,7 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Sum
 
 from billing.models import LedgerEntry, RequestLog
 from hopbase.models import Tenant
@@ -32,7 +32,10 @@ def post_entry(
         request_log=request_log,
         note=note,
     )
-    Tenant.objects.filter(pk=tenant_id).update(balance_usd=F("balance_usd") + amount_usd)
+    # The exact sum computed here, not F("balance_usd") + amount: SQLite would
+    # add in floating point and the balance would drift from its entries.
+    # The row lock (or SQLite's one writer) keeps this from racing.
+    Tenant.objects.filter(pk=tenant_id).update(balance_usd=balance_after)
     return entry
 
 

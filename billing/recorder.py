@@ -4,6 +4,17 @@ The relay hands a ``Finished`` record to ``record()``, which only appends to
 a queue: it never blocks the event loop and works from a cancelled task's
 ``finally``. One writer thread per process turns the queue into batched
 inserts, applying metering on the way.
+
+After each batch commits, its ids go to settlement (billing.tasks.Publisher:
+a Celery message per batch, or, without REDIS_URL, settlement run right here
+in eager mode). Publishing happens on this thread, never the event loop, and
+gives up fast when the broker is down: the sweep settles those logs later.
+
+Without REDIS_URL there is no Celery beat, so this thread also runs the
+sweep every HOPBASE_SWEEP_INTERVAL seconds. It is the natural place: it
+exists only in a process that serves requests (the gateway), starting with
+its first request, so manage.py commands, workers and the test process
+never sweep behind anyone's back.
 """
 
 from __future__ import annotations
@@ -12,15 +23,20 @@ import atexit
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import connections, transaction
 
 from billing.metering import billable_tokens
-from channels_pool import health
 from billing.models import RequestLog
+from billing.settlement import SWEEP_DELAY, sweep
+from billing.snapshots import refresh_connection
+from billing.tasks import publisher
+from channels_pool import health
 from hopbase.models import ApiKey
 from hopbase.protocols.base import Usage
 
@@ -76,15 +92,32 @@ def to_row(item: Finished) -> RequestLog:
     )
 
 
+def in_process_sweep_interval() -> float | None:
+    """Seconds between in-process sweeps: only without a broker (no beat)."""
+    return None if settings.REDIS_URL else settings.HOPBASE_SWEEP_INTERVAL
+
+
+_STOP = object()
+
+
 class Recorder:
     BATCH = 500
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Finished | None] = queue.SimpleQueue()
+    def __init__(
+        self,
+        publish: Callable[[list[int]], object] = publisher.publish,
+        sweep_every: float | None = None,
+    ) -> None:
+        self._queue: queue.SimpleQueue[Finished | object | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending = 0
         self._written = threading.Condition(self._lock)
+        self._publish = publish
+        self._sweep_every = sweep_every
+        # The first sweep comes soon after start-up: it settles what a previous
+        # run of the gateway left behind.
+        self._next_sweep = time.monotonic() + min(sweep_every or 0, SWEEP_DELAY.total_seconds())
 
     def record(self, item: Finished) -> None:
         with self._lock:
@@ -101,29 +134,63 @@ class Recorder:
                 atexit.register(self.flush)
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            batch = [first] if first is not None else []
-            while len(batch) < self.BATCH:
+        stopping = False
+        while not stopping:
+            try:
+                first = self._queue.get(timeout=self._until_sweep())
+            except queue.Empty:
+                first = None
+            stopping = first is _STOP
+            batch = [first] if isinstance(first, Finished) else []
+            while batch and len(batch) < self.BATCH:
                 try:
-                    item = self._queue.get(timeout=settings.HOPBASE_LOG_FLUSH_INTERVAL if batch else 0)
+                    item = self._queue.get(timeout=settings.HOPBASE_LOG_FLUSH_INTERVAL)
                 except queue.Empty:
                     break
-                if item is not None:
+                if item is _STOP:
+                    stopping = True
+                    break
+                if isinstance(item, Finished):
                     batch.append(item)
             if batch:
                 self._write(batch)
                 with self._lock:
                     self._pending -= len(batch)
                     self._written.notify_all()
+            if not stopping and self._until_sweep() == 0:
+                self._sweep()
+        connections.close_all()
+
+    def _until_sweep(self) -> float | None:
+        if self._sweep_every is None:
+            return None
+        return max(0.0, self._next_sweep - time.monotonic())
+
+    def _sweep(self) -> None:
+        try:
+            refresh_connection()
+            result = sweep()
+            if result.settled:
+                log.info("in-process sweep settled %d request logs", result.settled)
+        except Exception:
+            log.exception("in-process settlement sweep failed")
+        if self._sweep_every is not None:
+            self._next_sweep = time.monotonic() + self._sweep_every
 
     def _write(self, batch: list[Finished]) -> None:
         rows = [to_row(item) for item in batch]
         try:
-            close_old_connections()
+            refresh_connection()
             with transaction.atomic():
                 RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
                 self._touch_keys(batch)
+                # bulk_create(ignore_conflicts=True) returns no ids: ask for them.
+                ids = list(
+                    RequestLog.objects.filter(request_id__in=[row.request_id for row in rows], settled_at__isnull=True)
+                    .values_list("pk", flat=True)
+                )
+                # robust: a settlement failure must not look like a failed write.
+                transaction.on_commit(lambda: self._publish(ids), robust=True)
         except Exception:
             log.exception("could not write %d request logs", len(rows))
             return
@@ -152,5 +219,12 @@ class Recorder:
         with self._lock:
             return self._written.wait_for(lambda: self._pending == 0, timeout)
 
+    def stop(self, timeout: float = 10) -> None:
+        """Write what is queued, then end the thread (and its connection)."""
+        thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join(timeout)
 
-recorder = Recorder()
+
+recorder = Recorder(sweep_every=in_process_sweep_interval())

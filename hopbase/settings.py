@@ -222,6 +222,19 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 0, "socket_connect_timeout": 1, "socket_timeout": 2}
 CELERY_TASK_PUBLISH_RETRY = False
 HOPBASE_SWEEP_INTERVAL = env_seconds("HOPBASE_SWEEP_INTERVAL", 60)
+# Celery beat (only with REDIS_URL) settles what no task did; without Redis the
+# gateway's log writer runs the same sweep in-process (billing.recorder).
+CELERY_BEAT_SCHEDULE = {
+    "sweep-unsettled-request-logs": {
+        "task": "billing.tasks.sweep_unsettled",
+        "schedule": HOPBASE_SWEEP_INTERVAL,
+        # A sweep that could not start before the next one is due is redundant.
+        "options": {"expires": HOPBASE_SWEEP_INTERVAL},
+    },
+}
+# Test hook only (tests/test_settlement.py): the settlement step at which a
+# worker kills itself, to prove a crash loses and doubles nothing. Empty: never.
+HOPBASE_TEST_CRASH_AT = env_str("HOPBASE_TEST_CRASH_AT", "")
 
 LOGGING = {
     "version": 1,

@@ -349,16 +349,7 @@ def test_it_finds_a_charge_on_another_tenant():
     assert "charge entry" in check_fails()
 
 
-# settle
-
-
-def test_settle_says_it_is_not_implemented_and_exits_2():
-    log = make_log(charge_usd=Decimal("1"))
-    with pytest.raises(CommandError, match="not implemented") as caught:
-        run("settle")
-    assert caught.value.returncode == 2
-    log.refresh_from_db()
-    assert log.settled_at is None and not LedgerEntry.objects.exists()
+# settle: tests/test_settlement.py (TestSettleCommand)
 
 
 # exportbilling
@@ -475,9 +466,3 @@ def test_a_bad_value_exits_non_zero_with_one_line():
     result = manage("setprice", "gpt-a", "--input", "-1", "--output", "1")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == ["CommandError: --input: '-1' must not be negative"]
-
-
-def test_settle_exits_2_from_the_command_line():
-    result = manage("settle")
-    assert result.returncode == 2
-    assert "not implemented" in result.stderr

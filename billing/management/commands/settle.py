@@ -1,17 +1,29 @@
-"""settle: settle every logged request not yet in the ledger.
+"""settle: settle every logged request not yet in the ledger, now, in this
+process (billing.settlement.sweep with no delay), and say how many.
 
-Settlement (billing.tasks) is a separate piece of work that has not landed.
-Until it does, this command says so and exits with status 2 rather than
-pretend: a script that relies on it must not believe its requests are billed.
+Safe beside running workers: settlement is idempotent and row-locked. A log
+whose model had no price when it was made stays unsettled; the count of
+those goes to stderr and the command exits 1, so a script does not take an
+unbilled request for a billed one.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.core.management.base import BaseCommand, CommandError
+
+from billing.settlement import sweep
 
 
 class Command(BaseCommand):
-    help = "Settle every logged request not yet in the ledger (not implemented yet)."
+    help = "Settle every logged request not yet in the ledger."
 
     def handle(self, *args, **options) -> None:
-        raise CommandError("settlement is not implemented yet; nothing was settled", returncode=2)
+        result = sweep(older_than=dt.timedelta(0))
+        self.stdout.write(f"settled {result.settled} request logs")
+        if result.unpriced:
+            raise CommandError(
+                f"{result.unpriced} request logs have no price in force at the time they were made "
+                "and stay unsettled"
+            )
