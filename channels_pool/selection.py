@@ -2,20 +2,15 @@
 
 Enabled channels of the request's protocol that serve the model, higher
 priority first, weighted random order within a priority. The channel table
-is read at most once per HOPBASE_CONFIG_TTL per process, off the hot path's
-critical section (one refresh at a time, others use the previous snapshot).
+is read at most once per HOPBASE_CONFIG_TTL per process (billing.snapshots).
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
-from django.conf import settings
-
+from billing.snapshots import Snapshot
 from channels_pool.models import Channel
 
 
@@ -57,23 +52,11 @@ def weighted_order(channels: list[ChannelInfo], rng: random.Random) -> list[Chan
 
 class ChannelDirectory:
     def __init__(self) -> None:
-        self._channels: list[ChannelInfo] | None = None
-        self._expires = 0.0
-        self._lock: asyncio.Lock | None = None
+        self._snapshot: Snapshot[list[ChannelInfo]] = Snapshot(_load)
         self._rng = random.Random()
 
     async def all(self) -> list[ChannelInfo]:
-        if self._channels is not None and self._expires > time.monotonic():
-            return self._channels
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        if self._channels is not None and self._lock.locked():
-            return self._channels
-        async with self._lock:
-            if self._channels is None or self._expires <= time.monotonic():
-                self._channels = await sync_to_async(_load, thread_sensitive=False)()
-                self._expires = time.monotonic() + settings.HOPBASE_CONFIG_TTL
-        return self._channels
+        return await self._snapshot.get()
 
     async def candidates(self, protocol: str, model: str, pinned_id: int | None = None) -> list[ChannelInfo]:
         channels = [c for c in await self.all() if c.protocol == protocol and model in c.models]
@@ -87,7 +70,7 @@ class ChannelDirectory:
         return sorted(names)
 
     def clear(self) -> None:
-        self._channels = None
+        self._snapshot.clear()
 
 
 directory = ChannelDirectory()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from billing.snapshots import refresh_connection
 from hopbase.models import ApiKey, hash_secret
 
 # Bound the cache so a flood of random keys cannot grow it without limit.
@@ -42,6 +43,7 @@ def key_from_request(headers: dict[str, str], query_key: str | None) -> str | No
 
 
 def _load(secret: str) -> Caller | None:
+    refresh_connection()
     key = ApiKey.objects.authenticate(secret)
     if key is None:
         return None
