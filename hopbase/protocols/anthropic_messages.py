@@ -146,9 +146,7 @@ class Messages(Protocol):
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
         stream = self.stream_flag(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise GatewayError(ErrorKind.MALFORMED, "messages: Field required")
+        messages = self.require_list(body, "messages")
         thinking = body.get("thinking")
         return RequestFacts(
             model=model,

@@ -161,6 +161,13 @@ class Protocol:
         return model
 
     @staticmethod
+    def require_list(body: dict[str, Any], name: str) -> list[Any]:
+        value = body.get(name)
+        if not isinstance(value, list):
+            raise GatewayError(ErrorKind.MALFORMED, f"`{name}` is required and must be an array.")
+        return value
+
+    @staticmethod
     def stream_flag(body: dict[str, Any]) -> bool:
         stream = body.get("stream", False)
         if stream is None:

@@ -149,9 +149,7 @@ class Gemini(Protocol):
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):
             raise GatewayError(ErrorKind.MALFORMED, "The request body must be a JSON object.")
-        contents = body.get("contents")
-        if not isinstance(contents, list):
-            raise GatewayError(ErrorKind.MALFORMED, "`contents` is required and must be an array.")
+        contents = self.require_list(body, "contents")
         config = snake_or_camel(body, "generationConfig", "generation_config")
         thinking = snake_or_camel(config, "thinkingConfig", "thinking_config")
         budget = snake_or_camel(thinking, "thinkingBudget", "thinking_budget")

@@ -185,17 +185,34 @@ class ChatWatcher(StreamWatcher):
         return dumps(body)
 
 
-class ChatCompletions(Protocol):
-    name = "chat"
+class OpenAIProtocol(Protocol):
+    """What both OpenAI protocols share: errors, model lists, bearer auth."""
+
     channel_protocol = "openai"
+
+    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
+        status, body = openai_error(error.kind, error.message)
+        return status, dumps(body)
+
+    def models_body(self, models: list[str]) -> bytes:
+        return openai_models_body(models)
+
+    def upstream_call(self, channel: Any, path: str, content: bytes, client_headers: dict[str, str]) -> UpstreamRequest:
+        return UpstreamRequest(
+            url=channel.base_url.rstrip("/") + path,
+            headers=bearer_headers(channel.secret, client_headers),
+            content=content,
+        )
+
+
+class ChatCompletions(OpenAIProtocol):
+    name = "chat"
     watcher = ChatWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
         stream = self.stream_flag(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise GatewayError(ErrorKind.MALFORMED, "`messages` is required and must be an array.")
+        messages = self.require_list(body, "messages")
         return RequestFacts(
             model=model,
             stream=stream,
@@ -217,15 +234,4 @@ class ChatCompletions(Protocol):
             upstream["stream"] = True
             upstream["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
             content = dumps(upstream)
-        return UpstreamRequest(
-            url=channel.base_url.rstrip("/") + "/chat/completions",
-            headers=bearer_headers(channel.secret, client_headers),
-            content=content,
-        )
-
-    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
-        status, body = openai_error(error.kind, error.message)
-        return status, dumps(body)
-
-    def models_body(self, models: list[str]) -> bytes:
-        return openai_models_body(models)
+        return self.upstream_call(channel, "/chat/completions", content, client_headers)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopbase.errors import ErrorKind, GatewayError
-from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
-from hopbase.protocols.openai_chat import bearer_headers, openai_error, openai_error_is_busy, openai_models_body
+from hopbase.errors import ErrorKind
+from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
+from hopbase.protocols.openai_chat import OpenAIProtocol, openai_error, openai_error_is_busy
 from hopbase.sse import Event
 
 TEXT_DELTAS = {
@@ -99,9 +99,8 @@ class ResponsesWatcher(StreamWatcher):
         return dumps(self.response or {})
 
 
-class Responses(Protocol):
+class Responses(OpenAIProtocol):
     name = "responses"
-    channel_protocol = "openai"
     watcher = ResponsesWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
@@ -124,15 +123,4 @@ class Responses(Protocol):
             content = facts.raw_body
         else:
             content = dumps({**facts.body, "stream": True})
-        return UpstreamRequest(
-            url=channel.base_url.rstrip("/") + "/responses",
-            headers=bearer_headers(channel.secret, client_headers),
-            content=content,
-        )
-
-    def error_body(self, error: GatewayError) -> tuple[int, bytes]:
-        status, body = openai_error(error.kind, error.message)
-        return status, dumps(body)
-
-    def models_body(self, models: list[str]) -> bytes:
-        return openai_models_body(models)
+        return self.upstream_call(channel, "/responses", content, client_headers)
