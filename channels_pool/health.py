@@ -22,13 +22,18 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from django.conf import settings
 from django.utils import timezone
 
 RECENT = 50
-Candidate = TypeVar("Candidate")
+class HasId(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+Candidate = TypeVar("Candidate", bound=HasId)
 
 
 @dataclass
@@ -81,7 +86,8 @@ class HealthBoard:
     def arrange(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """Healthy channels in their order, then the skipped ones as a last resort."""
         now = time.monotonic()
-        healthy, skipped = [], []
+        healthy: list[Candidate] = []
+        skipped: list[Candidate] = []
         with self._lock:
             for candidate in candidates:
                 (healthy if self._admits(candidate.id, now) else skipped).append(candidate)

@@ -74,7 +74,7 @@ class Channel(models.Model):
     class Meta:
         ordering = ["-priority", "name"]
         constraints = [
-            models.CheckConstraint(condition=Q(protocol__in=[p.value for p in Protocol]), name="channel_protocol_known"),
+            models.CheckConstraint(condition=Q(protocol__in=Protocol.values), name="channel_protocol_known"),
             models.CheckConstraint(condition=Q(weight__gt=0), name="channel_weight_positive"),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gt=0),

@@ -99,10 +99,9 @@ class StreamWatcher:
     """Watches one attempt's events: marks them, collects usage and the text
     already sent, assembles a non-streaming body, renders in-stream errors."""
 
-    content_type: ClassVar[str] = "text/event-stream"
-
     def __init__(self, facts: RequestFacts) -> None:
         self.facts = facts
+        self.content_type = "text/event-stream"
         self.usage = Usage()
         self.sent_chars = 0
         self.busy_error = False
