@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
+from billing import dashboard
 from hopbase import views
 
 GEMINI_VERSION = r"(?P<version>v1|v1beta|v1alpha)"
@@ -18,5 +19,6 @@ urlpatterns = [
     re_path(rf"^{GEMINI_VERSION}/models$", views.gemini_models),
     re_path(r"^(?P<version>v1beta|v1alpha)/(?P<rest>.*)$", views.unknown_gemini_path),
     re_path(r"^v1/(?P<rest>.*)$", views.unknown_openai_path),
+    path("admin/dashboard/", dashboard.view, name="billing_dashboard"),
     path("admin/", admin.site.urls),
 ]
