@@ -3,21 +3,31 @@
 History is never rewritten here: a price row, once saved, is read-only (a new
 price is a new row), and request logs and ledger entries are view-only.
 Request logs and ledger entries grow with traffic, so their lists avoid
-whole-table counts (EstimatedCountPaginator) and join their foreign keys in
-the list query.
+whole-table counts (EstimatedCountPaginator), join their foreign keys in
+the list query, and offer filters whose choices come from small tables
+(tenants, channels, prices) or fixed lists, never a DISTINCT over the logs.
+
+The request-log list exports what it shows: its "Export CSV" / "Export
+JSONL" buttons stream the currently filtered rows (billing.exports), and two
+actions export the selected ones.
 """
 
 from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AdminSplitDateTime
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from billing.exports import usd_text
+from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed, usd_text
 from billing.models import LedgerEntry, ModelPrice, RequestLog
 from hopbase.forms import parse_model_names
 
@@ -110,18 +120,74 @@ class ModelPriceAdmin(admin.ModelAdmin):
         return ("model", *PRICE_FIELDS, "effective_from") if obj is not None else ()
 
 
+class ModelFilter(admin.SimpleListFilter):
+    """Models that have a price (a small table), not a DISTINCT over logs."""
+
+    title = "model"
+    parameter_name = "model"
+
+    def lookups(self, request, model_admin):
+        names = ModelPrice.objects.order_by("model").values_list("model", flat=True).distinct()
+        return [(name, name) for name in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(model=self.value()) if self.value() else queryset
+
+
+class ProtocolFilter(admin.SimpleListFilter):
+    title = "protocol"
+    parameter_name = "protocol"
+
+    def lookups(self, request, model_admin):
+        from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
+
+        return [(p.name, p.name) for p in (CHAT, RESPONSES, MESSAGES, GEMINI)]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(protocol=self.value()) if self.value() else queryset
+
+
+class SettledFilter(admin.SimpleListFilter):
+    title = "settled"
+    parameter_name = "settled"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "In the ledger"), ("no", "Not yet")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(settled_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(settled_at__isnull=True)
+        return queryset
+
+
+def export_response(logs: QuerySet[RequestLog], fmt: str) -> StreamingHttpResponse:
+    """The logs as a streamed download (async iterator: see exports.streamed)."""
+    lines = ENCODERS[fmt](export_rows(for_export(logs)))
+    response = StreamingHttpResponse(streamed(lines), content_type=CONTENT_TYPES[fmt])
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="billing-{stamp}.{fmt}"'
+    return response
+
+
 @admin.register(RequestLog)
 class RequestLogAdmin(ReadOnlyAdmin):
     list_display = (
-        "created_at", "tenant", "key_prefix", "model", "channel", "protocol", "stream", "status",
+        "created_at", "request_id", "tenant", "key_prefix", "model", "channel", "protocol", "stream", "status",
         "tokens", "usage_estimated", "ttft_ms", "duration_ms", "charge", "settled",
     )
-    list_filter = ("status", "protocol", "created_at", "stream", "usage_estimated")
+    list_filter = (
+        "status", ("tenant", admin.RelatedFieldListFilter), ModelFilter, ("channel", admin.RelatedFieldListFilter),
+        ProtocolFilter, "created_at", SettledFilter, "stream", "usage_estimated",
+    )
     list_select_related = ("tenant", "api_key", "channel")
     search_fields = ("=request_id",)
     search_help_text = "Exact request id (the x-hopbase-request-id header)."
     date_hierarchy = "created_at"
     ordering = ("-created_at", "-id")
+    actions = ("export_selected_csv", "export_selected_jsonl")
+    change_list_template = "admin/billing/requestlog/change_list.html"
 
     @admin.display(description="key", ordering="api_key__prefix")
     def key_prefix(self, log: RequestLog) -> str:
@@ -138,6 +204,35 @@ class RequestLogAdmin(ReadOnlyAdmin):
     @admin.display(description="settled", boolean=True, ordering="settled_at")
     def settled(self, log: RequestLog) -> bool:
         return log.settled_at is not None
+
+    def get_urls(self):
+        export = path(
+            "export/<str:fmt>/",
+            self.admin_site.admin_view(self.export_view),
+            name="billing_requestlog_export",
+        )
+        return [export, *super().get_urls()]
+
+    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponse:
+        """The rows the list shows with the same query string (filters,
+        search, date drill-down), all of them, not one page."""
+        if fmt not in ENCODERS:
+            raise Http404("Unknown export format")
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            return HttpResponseBadRequest("Unknown filter in the query string.")
+        return export_response(changelist.get_queryset(request), fmt)
+
+    @admin.action(description="Export selected as CSV", permissions=["view"])
+    def export_selected_csv(self, request, queryset):
+        return export_response(queryset, "csv")
+
+    @admin.action(description="Export selected as JSONL", permissions=["view"])
+    def export_selected_jsonl(self, request, queryset):
+        return export_response(queryset, "jsonl")
 
 
 @admin.register(LedgerEntry)

@@ -4,7 +4,7 @@ Lines (-> metering -> settlement -> *export*).
 The rows come from one joined query streamed with ``.iterator()``, and the
 encoders are generators of text lines, so an export of any size holds one
 chunk of rows in memory. The same generators serve the ``exportbilling``
-command and a streamed HTTP response.
+command and, through ``streamed()``, the admin's streamed HTTP download.
 
 Column meanings (operator contract, DESIGN.md):
 - ``created_at``: ISO 8601 in UTC with microseconds, ``2025-01-31T12:00:00.000000Z``.
@@ -24,11 +24,14 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+import operator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from decimal import Decimal
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
 from billing.models import RequestLog
@@ -73,51 +76,68 @@ def export_queryset(
         logs = logs.filter(created_at__lt=until)
     if tenant is not None:
         logs = logs.filter(tenant=tenant)
-    return (
-        logs.select_related("tenant", "api_key", "channel")
-        .only(
-            "request_id", "created_at", "model", "protocol", "stream", "status", "input_tokens",
-            "output_tokens", "cache_read_tokens", "cache_write_tokens", "usage_estimated", "charge_usd",
-            "settled_at", "tenant__name", "api_key__prefix", "channel__name",
-        )
-        .order_by("created_at", "id")
-    )
+    return for_export(logs)
+
+
+def for_export(logs: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
+    """Any selection of logs (a period, an admin filter) in export order:
+    oldest first."""
+    return logs.order_by("created_at", "id")
+
+
+# What each row is read from: one joined query returning plain tuples, no
+# model instances (an export of millions of rows spends its time here).
+SOURCE = (
+    "request_id", "created_at", "tenant__name", "api_key__prefix", "model", "channel__name", "protocol", "stream",
+    "status", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
+    "charge_usd", "settled_at",
+)
 
 
 def utc_iso(moment: dt.datetime) -> str:
     return moment.astimezone(dt.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def export_row(log: RequestLog) -> Row:
+def export_row(values: tuple[Any, ...]) -> Row:
+    """One export row from the values of SOURCE, in that order."""
+    (request_id, created_at, tenant, api_key, model, channel, protocol, stream, status, input_tokens,
+     output_tokens, cache_read_tokens, cache_write_tokens, usage_estimated, charge_usd, settled_at) = values
     return {
-        "request_id": log.request_id,
-        "created_at": utc_iso(log.created_at),
-        "tenant": log.tenant.name,
-        "api_key": log.api_key.prefix if log.api_key is not None else "",
-        "model": log.model,
-        "channel": log.channel.name if log.channel is not None else "",
-        "protocol": log.protocol,
-        "stream": log.stream,
-        "status": log.status,
-        "input_tokens": log.input_tokens,
-        "output_tokens": log.output_tokens,
-        "cache_read_tokens": log.cache_read_tokens,
-        "cache_write_tokens": log.cache_write_tokens,
-        "usage_estimated": log.usage_estimated,
-        "charge_usd": usd_text(log.charge_usd) if log.charge_usd is not None else "",
-        "settled": log.settled_at is not None,
+        "request_id": request_id,
+        "created_at": utc_iso(created_at),
+        "tenant": tenant,
+        "api_key": api_key or "",
+        "model": model,
+        "channel": channel or "",
+        "protocol": protocol,
+        "stream": stream,
+        "status": status,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_tokens": cache_read_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "usage_estimated": usage_estimated,
+        "charge_usd": usd_text(charge_usd) if charge_usd is not None else "",
+        "settled": settled_at is not None,
     }
 
 
 def export_rows(logs: QuerySet[RequestLog], chunk_size: int = CHUNK_SIZE) -> Iterator[Row]:
-    for log in logs.iterator(chunk_size=chunk_size):
-        yield export_row(log)
+    """Rows streamed from the database ``chunk_size`` at a time (a server-side
+    cursor on PostgreSQL), in the queryset's order."""
+    for values in logs.values_list(*SOURCE).iterator(chunk_size=chunk_size):
+        yield export_row(values)
+
+
+BOOLEAN_COLUMNS = ("stream", "usage_estimated", "settled")
 
 
 def csv_lines(rows: Iterable[Row]) -> Iterator[str]:
-    """The header, then one CSV line per row."""
+    """The header, then one CSV line per row (booleans as true/false)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
+    pick = operator.itemgetter(*COLUMNS)
+    flags = [COLUMNS.index(column) for column in BOOLEAN_COLUMNS]
 
     def line(values: Iterable[Any]) -> str:
         buffer.seek(0)
@@ -127,13 +147,10 @@ def csv_lines(rows: Iterable[Row]) -> Iterator[str]:
 
     yield line(COLUMNS)
     for row in rows:
-        yield line(_csv_value(row[column]) for column in COLUMNS)
-
-
-def _csv_value(value: Any) -> Any:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return value
+        values = list(pick(row))
+        for index in flags:
+            values[index] = "true" if values[index] else "false"
+        yield line(values)
 
 
 def jsonl_lines(rows: Iterable[Row]) -> Iterator[str]:
@@ -143,3 +160,25 @@ def jsonl_lines(rows: Iterable[Row]) -> Iterator[str]:
 
 ENCODERS: dict[str, Callable[[Iterable[Row]], Iterator[str]]] = {"csv": csv_lines, "jsonl": jsonl_lines}
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson; charset=utf-8"}
+# Lines handed over per thread hop by streamed(): big enough that the hop is
+# cheap, small enough to stay a few hundred kilobytes.
+LINES_PER_PIECE = 500
+
+
+async def streamed(lines: Iterator[str], per_piece: int = LINES_PER_PIECE) -> AsyncIterator[bytes]:
+    """The lines of a sync export generator as an async iterator for
+    ``StreamingHttpResponse``: under ASGI Django reads a sync iterator whole
+    into memory before sending, but streams an async one.
+
+    The generator runs its database cursor, so every step runs in the
+    request's one thread-sensitive thread (the connection's thread). If the
+    client goes away the generator is closed there too, which closes the
+    cursor."""
+    take = sync_to_async(lambda: "".join(itertools.islice(lines, per_piece)), thread_sensitive=True)
+    try:
+        while piece := await take():
+            yield piece.encode("utf-8")
+    finally:
+        close = getattr(lines, "close", None)
+        if close is not None:
+            await sync_to_async(close, thread_sensitive=True)()
