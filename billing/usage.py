@@ -1,0 +1,154 @@
+"""``GET /v1/usage``: a customer's own balance and request logs (B8)
+(settlement -> *what the customer sees*).
+
+Authenticated by the customer's HopBase key, taken from wherever the SDKs
+send it (P7); an unknown key gets the OpenAI-format 401. The answer holds
+only the key's tenant's rows, whatever is asked: every query is filtered by
+the tenant id that authentication returned.
+
+Query parameters:
+- ``limit``: 1-100 rows (default 20), newest first;
+- ``before``: a ``request_id`` from an earlier page (its ``last_id``): the
+  rows made before it. A cursor, not an offset, so a page stays correct
+  while new requests arrive;
+- ``since`` (inclusive) / ``until`` (exclusive): ISO 8601 moments, UTC when
+  they carry no offset.
+
+Response (JSON)::
+
+    {"object": "list", "tenant": "acme", "balance_usd": "12.50",
+     "data": [{"request_id": ..., "created_at": ..., "model": ..., "status": ...,
+               "stream": ..., "api_key": <display prefix>, "input_tokens": ...,
+               "output_tokens": ..., "cache_read_tokens": ..., "cache_write_tokens": ...,
+               "usage_estimated": ..., "charge_usd": "0.0012" or null, "settled": ...}],
+     "first_id": ..., "last_id": ..., "has_more": false}
+
+``charge_usd`` is null until the request is settled; cancelled, stalled and
+interrupted requests are listed with what they cost (B1-B4).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from billing.exports import usd_text, utc_iso
+from billing.models import RequestLog
+from billing.snapshots import refresh_connection
+from hopbase.errors import ErrorKind, GatewayError
+from hopbase.intake import REQUEST_ID_HEADER, client_headers, error_response, identify
+from hopbase.models import Tenant
+from hopbase.protocols import CHAT
+from hopbase.relay import new_request_id
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Page:
+    tenant_id: int
+    limit: int = DEFAULT_LIMIT
+    before: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
+def parse_moment(name: str, raw: str) -> dt.datetime:
+    try:
+        moment = dt.datetime.fromisoformat(raw.strip())
+    except ValueError:
+        raise GatewayError(ErrorKind.MALFORMED, f"{name} must be an ISO 8601 date or datetime.") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def parse_page(tenant_id: int, params: Any) -> Page:
+    raw_limit = params.get("limit", str(DEFAULT_LIMIT))
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise GatewayError(ErrorKind.MALFORMED, f"limit must be a whole number from 1 to {MAX_LIMIT}.")
+    since = parse_moment("since", params["since"]) if params.get("since") else None
+    until = parse_moment("until", params["until"]) if params.get("until") else None
+    return Page(tenant_id, int(raw_limit), params.get("before") or None, since, until)
+
+
+def log_entry(log: RequestLog) -> dict[str, Any]:
+    return {
+        "request_id": log.request_id,
+        "created_at": utc_iso(log.created_at),
+        "model": log.model,
+        "status": log.status,
+        "stream": log.stream,
+        "api_key": log.api_key.prefix if log.api_key is not None else None,
+        "input_tokens": log.input_tokens,
+        "output_tokens": log.output_tokens,
+        "cache_read_tokens": log.cache_read_tokens,
+        "cache_write_tokens": log.cache_write_tokens,
+        "usage_estimated": log.usage_estimated,
+        "charge_usd": usd_text(log.charge_usd) if log.charge_usd is not None else None,
+        "settled": log.settled_at is not None,
+    }
+
+
+def read_page(page: Page) -> dict[str, Any]:
+    """The page as a JSON-ready dict: two or three indexed queries, all
+    scoped to the tenant (index log_tenant_time)."""
+    refresh_connection()  # a pool thread: no request signal does this for it
+    tenant = Tenant.objects.only("name", "balance_usd").get(pk=page.tenant_id)
+    logs = RequestLog.objects.filter(tenant_id=page.tenant_id)
+    if page.since is not None:
+        logs = logs.filter(created_at__gte=page.since)
+    if page.until is not None:
+        logs = logs.filter(created_at__lt=page.until)
+    if page.before is not None:
+        cursor = (
+            RequestLog.objects.filter(tenant_id=page.tenant_id, request_id=page.before)
+            .values_list("created_at", "id")
+            .first()
+        )
+        if cursor is None:  # unknown, or another tenant's: the same answer
+            raise GatewayError(ErrorKind.MALFORMED, "before must be a request_id from an earlier page.")
+        created_at, log_id = cursor
+        logs = logs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=log_id))
+    rows = list(
+        logs.select_related("api_key")
+        .only(
+            "request_id", "created_at", "model", "status", "stream", "input_tokens", "output_tokens",
+            "cache_read_tokens", "cache_write_tokens", "usage_estimated", "charge_usd", "settled_at",
+            "api_key__prefix",
+        )
+        .order_by("-created_at", "-id")[: page.limit + 1]
+    )
+    data = [log_entry(log) for log in rows[: page.limit]]
+    return {
+        "object": "list",
+        "tenant": tenant.name,
+        "balance_usd": usd_text(tenant.balance_usd),
+        "data": data,
+        "first_id": data[0]["request_id"] if data else None,
+        "last_id": data[-1]["request_id"] if data else None,
+        "has_more": len(rows) > page.limit,
+    }
+
+
+@csrf_exempt
+async def usage(request: HttpRequest) -> HttpResponse:
+    request_id = new_request_id()
+    caller = await identify(request, client_headers(request))
+    if caller is None:
+        return error_response(CHAT, GatewayError(ErrorKind.INVALID_KEY), request_id)
+    try:
+        if request.method != "GET":
+            raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {request.method} is not allowed here; use GET.")
+        body = await sync_to_async(read_page, thread_sensitive=False)(parse_page(caller.tenant_id, request.GET))
+    except GatewayError as error:
+        return error_response(CHAT, error, request_id)
+    response = HttpResponse(json.dumps(body, separators=(",", ":")), content_type="application/json")
+    response[REQUEST_ID_HEADER] = request_id
+    return response

@@ -1,0 +1,165 @@
+"""``GET /v1/usage`` (B8): customers see their own request logs and balance,
+cancelled and stalled streams included, with their charges, authenticated
+by their key; never another tenant's.
+
+Served by the real gateway process, so the data is committed (``gateway``
+tests run last). alice has traffic of every status, bob a little, charlie
+none; each sees only their own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from billing.ledger import top_up
+from billing.settlement import settle
+from hopbase.models import Tenant
+from tests.factories import make_key, make_log, make_price, make_tenant, unique
+
+pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
+
+ROW_FIELDS = {
+    "request_id", "created_at", "model", "status", "stream", "api_key", "input_tokens", "output_tokens",
+    "cache_read_tokens", "cache_write_tokens", "usage_estimated", "charge_usd", "settled",
+}
+
+
+@dataclass
+class Cast:
+    alice: Tenant
+    alice_key: str
+    alice_prefix: str
+    bob: Tenant
+    bob_key: str
+    charlie_key: str
+    alice_ids: list[str]  # oldest first
+    bob_ids: list[str]
+    start: dt.datetime
+
+
+@pytest.fixture(scope="module")
+def cast(django_db_blocker, gateway) -> Cast:
+    with django_db_blocker.unblock():
+        model = unique("usage-model")
+        make_price(model, input_usd_per_mtok=Decimal("3"), output_usd_per_mtok=Decimal("15"),
+                   effective_from=timezone.now() - dt.timedelta(days=30))
+        alice, bob, charlie = make_tenant(unique("alice")), make_tenant(unique("bob")), make_tenant(unique("charlie"))
+        top_up(alice, Decimal("5"))
+        alice_row, alice_key = make_key(alice)
+        _, bob_key = make_key(bob)
+        _, charlie_key = make_key(charlie)
+        start = timezone.now().replace(microsecond=0) - dt.timedelta(days=10)
+        statuses = ["completed", "cancelled", "stalled", "interrupted", "failed", "rejected", "completed"]
+        alice_ids = []
+        for n, status in enumerate(statuses):
+            log = make_log(alice, alice_row, request_id=unique("req-alice"), model=model, status=status,
+                           created_at=start + dt.timedelta(days=n), input_tokens=1000, output_tokens=100 * n,
+                           usage_estimated=status in ("cancelled", "stalled", "interrupted"), stream=True)
+            alice_ids.append(log.request_id)
+            if n < 6:  # the newest is not settled yet
+                settle(log.pk)
+        bob_ids = [make_log(bob, request_id=unique("req-bob"), model=model, created_at=start).request_id
+                   for _ in range(3)]
+        return Cast(alice, alice_key, alice_row.prefix, bob, bob_key, charlie_key, alice_ids, bob_ids, start)
+
+
+def get(gateway, key: str | None, params: dict | None = None, header: str = "authorization") -> httpx.Response:
+    headers = {}
+    if key is not None:
+        headers = {"authorization": f"Bearer {key}"} if header == "authorization" else {header: key}
+    return httpx.get(gateway.url + "/v1/usage", params=params or {}, headers=headers, timeout=10)
+
+
+def test_it_refuses_an_unknown_key_in_openai_format(gateway, cast):
+    for key in (None, "hb-not-a-real-key", "sk-something-else"):
+        response = get(gateway, key)
+        assert response.status_code == 401
+        assert response.json() == {"error": {"message": "Invalid API key.", "type": "invalid_request_error",
+                                             "param": None, "code": "invalid_api_key"}}
+        assert response.headers["x-hopbase-request-id"]
+
+
+def test_it_lists_the_tenants_own_logs_newest_first_with_charges(gateway, cast):
+    response = get(gateway, cast.alice_key, {"limit": "100"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert (body["object"], body["tenant"], body["has_more"]) == ("list", cast.alice.name, False)
+    rows = body["data"]
+    assert [row["request_id"] for row in rows] == cast.alice_ids[::-1]
+    assert all(set(row) == ROW_FIELDS for row in rows)
+    by_status = {row["status"]: row for row in rows[1:]}
+    # Cancelled, stalled and interrupted streams are there, with what they cost.
+    assert by_status["cancelled"] == {
+        "request_id": cast.alice_ids[1], "created_at": (cast.start + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+        "model": by_status["cancelled"]["model"], "status": "cancelled", "stream": True, "api_key": cast.alice_prefix,
+        "input_tokens": 1000, "output_tokens": 100, "cache_read_tokens": 0, "cache_write_tokens": 0,
+        "usage_estimated": True, "charge_usd": "0.0045", "settled": True,
+    }
+    assert (by_status["stalled"]["charge_usd"], by_status["interrupted"]["charge_usd"]) == ("0.006", "0.0075")
+    assert (by_status["failed"]["charge_usd"], by_status["rejected"]["charge_usd"]) == ("0.00", "0.00")
+    assert (rows[0]["settled"], rows[0]["charge_usd"]) == (False, None)  # not settled yet
+    charged = sum(Decimal(row["charge_usd"]) for row in rows if row["charge_usd"])
+    assert Decimal(body["balance_usd"]) == Decimal("5") - charged
+
+
+def test_it_never_shows_another_tenants_rows(gateway, cast):
+    bob = get(gateway, cast.bob_key, {"limit": "100"}).json()
+    assert bob["tenant"] == cast.bob.name and bob["balance_usd"] == "0.00"
+    assert sorted(row["request_id"] for row in bob["data"]) == sorted(cast.bob_ids)
+    charlie = get(gateway, cast.charlie_key).json()
+    assert (charlie["data"], charlie["has_more"], charlie["first_id"]) == ([], False, None)
+    # A cursor from another tenant's page reveals nothing either.
+    response = get(gateway, cast.bob_key, {"before": cast.alice_ids[-1]})
+    assert response.status_code == 400
+    assert cast.alice_ids[0] not in response.text
+
+
+def test_it_takes_the_key_from_every_header_the_sdks_use(gateway, cast):
+    for header in ("x-api-key", "x-goog-api-key"):
+        assert get(gateway, cast.alice_key, header=header).json()["tenant"] == cast.alice.name
+    response = httpx.get(gateway.url + "/v1/usage", params={"key": cast.alice_key}, timeout=10)
+    assert response.json()["tenant"] == cast.alice.name
+
+
+def test_it_pages_with_a_cursor(gateway, cast):
+    seen: list[str] = []
+    params = {"limit": "3"}
+    while True:
+        body = get(gateway, cast.alice_key, params).json()
+        seen += [row["request_id"] for row in body["data"]]
+        assert body["last_id"] == body["data"][-1]["request_id"]
+        if not body["has_more"]:
+            break
+        params = {"limit": "3", "before": body["last_id"]}
+    assert seen == cast.alice_ids[::-1]
+
+
+def test_it_filters_by_time(gateway, cast):
+    since = (cast.start + dt.timedelta(days=2)).isoformat()
+    until = (cast.start + dt.timedelta(days=4)).strftime("%Y-%m-%dT%H:%M:%S")  # naive: UTC
+    body = get(gateway, cast.alice_key, {"since": since, "until": until}).json()
+    assert [row["request_id"] for row in body["data"]] == [cast.alice_ids[3], cast.alice_ids[2]]
+
+
+@pytest.mark.parametrize(
+    "params", [{"limit": "0"}, {"limit": "101"}, {"limit": "ten"}, {"since": "yesterday"}, {"until": "2025-13-01"},
+               {"before": "req-that-never-was"}],
+)
+def test_it_refuses_bad_parameters_in_openai_format(gateway, cast, params):
+    response = get(gateway, cast.alice_key, params)
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_it_answers_get_only(gateway, cast):
+    response = httpx.post(gateway.url + "/v1/usage", headers={"authorization": f"Bearer {cast.alice_key}"}, timeout=10)
+    assert response.status_code == 405
+    assert "error" in response.json()
+
