@@ -92,7 +92,7 @@ def chart(title: str, labels: list[str], values: list[float], texts: list[str], 
     drawn = Chart(title, top_text, labels[0] if labels else "", labels[-1] if labels else "")
     peak = max(values, default=0) or 1
     slot = drawn.width / max(len(values), 1)
-    for index, (label, value, text) in enumerate(zip(labels, values, texts)):
+    for index, (label, value, text) in enumerate(zip(labels, values, texts, strict=True)):
         height = round(drawn.height * value / peak, 1)
         drawn.bars.append(
             Bar(round(index * slot + slot * 0.1, 1), round(drawn.height - height, 1), round(slot * 0.8, 1), height,

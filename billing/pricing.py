@@ -59,7 +59,7 @@ def charge_for(log: RequestLog, price: ModelPrice | None, multiplier: Decimal) -
     )
     with localcontext() as context:
         context.prec = PRECISION
-        amount = sum((Decimal(count) * rate for count, rate in zip(tokens, rates)), Decimal(0))
+        amount = sum((Decimal(count) * rate for count, rate in zip(tokens, rates, strict=True)), Decimal(0))
         amount = amount * Decimal(multiplier) / MILLION
         return amount.quantize(CHARGE_QUANTUM, rounding=ROUND_HALF_UP)
 

@@ -305,11 +305,10 @@ def test_the_list_costs_the_same_queries_for_5_or_60_rows_whatever_the_filter(ad
             make_log(tenants[n % 3], key, model="gpt-list", channel=channels[n % 3],
                      charge_usd=Decimal("0.1"), settled_at=timezone.now())
 
+    views = {"all": {}, "tenant": {"tenant__id__exact": tenants[0].pk}, "status": {"status__exact": "completed"}}
     add(5)
-    few = {name: list_queries(admin_client, **params) for name, params in
-           {"all": {}, "tenant": {"tenant__id__exact": tenants[0].pk}, "status": {"status__exact": "completed"}}.items()}
+    few = {name: list_queries(admin_client, **params) for name, params in views.items()}
     add(55)
-    many = {name: list_queries(admin_client, **params) for name, params in
-            {"all": {}, "tenant": {"tenant__id__exact": tenants[0].pk}, "status": {"status__exact": "completed"}}.items()}
+    many = {name: list_queries(admin_client, **params) for name, params in views.items()}
     assert few == many
     assert max(many.values()) <= 12

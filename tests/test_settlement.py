@@ -220,7 +220,8 @@ class TestHandOver:
     def finished(self, key, model: str, status: str = "completed") -> Finished:
         return Finished(
             request_id=unique("req-rec"), created_at=timezone.now(), tenant_id=key.tenant_id, api_key_id=key.pk,
-            protocol="chat", status=status, model=model, usage=Usage(1000, 200, input_reported=True, output_reported=True),
+            protocol="chat", status=status, model=model,
+            usage=Usage(1000, 200, input_reported=True, output_reported=True),
         )
 
     def test_it_publishes_the_new_ids_once_committed(self, django_capture_on_commit_callbacks):

@@ -97,7 +97,8 @@ def test_it_lists_the_tenants_own_logs_newest_first_with_charges(gateway, cast):
     by_status = {row["status"]: row for row in rows[1:]}
     # Cancelled, stalled and interrupted streams are there, with what they cost.
     assert by_status["cancelled"] == {
-        "request_id": cast.alice_ids[1], "created_at": (cast.start + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+        "request_id": cast.alice_ids[1],
+        "created_at": (cast.start + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
         "model": by_status["cancelled"]["model"], "status": "cancelled", "stream": True, "api_key": cast.alice_prefix,
         "input_tokens": 1000, "output_tokens": 100, "cache_read_tokens": 0, "cache_write_tokens": 0,
         "usage_estimated": True, "charge_usd": "0.0045", "settled": True,
