@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from billing.exports import usd_text
 from billing.models import RequestLog
+from billing.pricing import CHARGE_QUANTUM
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
@@ -51,6 +52,11 @@ class Stats:
     errors: int = 0
     cancelled: int = 0
     rejected: int = 0
+
+    def __post_init__(self) -> None:
+        # To the ledger's ten places: SQLite sums in floating point, and this
+        # rounds its noise away (PostgreSQL's sum is exact anyway).
+        self.spend = Decimal(self.spend).quantize(CHARGE_QUANTUM)
 
     @property
     def spend_text(self) -> str:

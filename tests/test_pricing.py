@@ -174,6 +174,31 @@ def test_the_price_book_reloads_after_the_ttl(settings):
     assert loader.calls == 2
 
 
+def test_a_book_keeps_its_last_answer_when_the_database_fails(settings, caplog):
+    settings.HOPBASE_CONFIG_TTL = 0.000001
+    answers = iter([frozenset({"gpt-a"}), RuntimeError("database down"), frozenset({"gpt-b"})])
+
+    def loader():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    book = PriceBook(loader)
+    assert async_to_sync(book.is_priced)("gpt-a")
+    assert async_to_sync(book.is_priced)("gpt-a")  # the refresh failed: the last list stands
+    assert "could not refresh" in caplog.text
+    assert async_to_sync(book.is_priced)("gpt-b")
+
+
+def test_a_book_that_never_loaded_raises():
+    def loader():
+        raise RuntimeError("database down")
+
+    with pytest.raises(RuntimeError):
+        async_to_sync(PriceBook(loader).models)()
+
+
 def test_the_balance_book_says_who_is_exhausted(settings):
     settings.HOPBASE_CONFIG_TTL = 3600
     loader = CountingLoader(frozenset({7}))
