@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import anyio
 import httpx
 from django.conf import settings
 
@@ -19,6 +20,7 @@ from hopbase.errors import UpstreamFailure
 from hopbase.sse import Event, EventSplitter
 
 MAX_ERROR_BODY = 64 * 1024
+RELEASE_GRACE_SECONDS = 5
 # Response headers from the channel that a client's SDK reads (request ids);
 # rate-limit headers describe HopBase's account and stay here.
 PASSED_BACK_HEADERS = ("x-request-id", "request-id")
@@ -80,9 +82,17 @@ class Attempt:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._splitter = EventSplitter()
         self._events: list[Event] = []
+        # Hang-ups go through an anyio scope, not Task.cancel(): httpcore
+        # cleans up under shielded anyio scopes, and a bare task cancellation
+        # interrupts that cleanup, leaking the pooled connection.
+        self._scope = anyio.CancelScope()
         self._task = asyncio.get_running_loop().create_task(self._pump(url, headers, content))
 
     async def _pump(self, url: str, headers: dict[str, str], content: bytes) -> None:
+        with self._scope:
+            await self._read(url, headers, content)
+
+    async def _read(self, url: str, headers: dict[str, str], content: bytes) -> None:
         put = self._queue.put_nowait
         http = client()
         # httpx asks for gzip by default; the relay splits raw bytes, so the
@@ -148,4 +158,11 @@ class Attempt:
     def close(self) -> None:
         """Hang up on the channel (no-op once the response has ended)."""
         if not self._task.done():
-            self._task.cancel()
+            self._scope.cancel()
+
+    def release(self) -> None:
+        """The terminal event is in: let the pump read the body's end so the
+        connection goes back to the pool for reuse; hang up if it has not
+        within a few seconds."""
+        if not self._task.done():
+            asyncio.get_running_loop().call_later(RELEASE_GRACE_SECONDS, self.close)

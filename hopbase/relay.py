@@ -165,11 +165,14 @@ class Run:
             await asyncio.sleep(POLL_SECONDS)
         return True
 
-    def end_attempt(self, attempt: Attempt) -> None:
+    def end_attempt(self, attempt: Attempt, completed: bool = False) -> None:
         if attempt.ended:
             return
         attempt.ended = True
-        attempt.close()
+        if completed:
+            attempt.release()
+        else:
+            attempt.close()
         limits.release_channel(attempt.channel.id, attempt.channel.max_concurrency)
 
     def _slow_start_limit(self, is_last: bool) -> float | None:
@@ -243,7 +246,7 @@ class Run:
                             yield tail
                     return
         finally:
-            self.end_attempt(attempt)
+            self.end_attempt(attempt, completed=status == "completed")
             self.finish(status)
 
     def _pass(self, event: Event, watcher: StreamWatcher) -> tuple[bytes, str | None]:
@@ -289,7 +292,7 @@ class Run:
             status = "completed"
             return Reply(200, "application/json", body=watcher.assembled_body())
         finally:
-            self.end_attempt(attempt)
+            self.end_attempt(attempt, completed=status == "completed")
             self.finish(status)
 
     # -- the end -----------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
 
@@ -449,3 +450,23 @@ def test_a_follow_up_response_goes_to_the_channel_that_holds_its_state(gateway, 
         follow = post(gateway, "responses", world.key, "affinity-model", "again", previous_response_id=first.json()["id"])
         assert follow.status_code == 200
         assert wait_for_log(follow.headers["x-hopbase-request-id"]).channel_id == first_log.channel_id
+
+
+# -- upstream connections ------------------------------------------------------
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_finished_requests_give_their_upstream_connection_back_for_reuse(gateway, world, streaming):
+    """A request that ended normally returns its connection to the pool, so
+    the next one to the same channel reuses it instead of leaking it."""
+    tag = new_tag()
+
+    def one(protocol: str) -> int:
+        return post(gateway, protocol, world.key, "sim-model", f"hi [sim tag={tag} tokens=3]", stream=streaming).status_code
+
+    # Four at a time, so some requests end while their channel's last bytes
+    # are still in flight: that is when a careless hang-up leaks.
+    with ThreadPoolExecutor(4) as pool:
+        assert set(pool.map(one, ("chat", "responses", "messages", "gemini") * 50)) == {200}
+    peers = {record["peer"] for record in wait_for_records(world.simulator.url, tag, count=200)}
+    assert len(peers) <= 8
