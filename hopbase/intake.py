@@ -7,9 +7,9 @@ every refusal after the key is known is recorded as ``rejected`` (P8).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
@@ -83,8 +83,8 @@ def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes
     if len(raw) > limit:
         raise GatewayError(ErrorKind.TOO_LARGE, f"The request body exceeds {limit} bytes.")
     try:
-        return json.loads(raw), raw
-    except (ValueError, UnicodeDecodeError):
+        return orjson.loads(raw), raw
+    except orjson.JSONDecodeError:
         raise GatewayError(ErrorKind.MALFORMED, "The request body is not valid JSON.") from None
 
 

@@ -9,8 +9,9 @@ only between whole events.
 
 from __future__ import annotations
 
-import json
 from functools import cached_property
+
+import orjson
 
 
 class Event:
@@ -52,8 +53,8 @@ class Event:
         if not data or data[0] not in "{[":
             return None
         try:
-            return json.loads(data)
-        except ValueError:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
             return None
 
     def __repr__(self) -> str:

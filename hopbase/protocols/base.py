@@ -10,9 +10,10 @@ error in this protocol's encoding. The relay talks only to these two.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import orjson
 
 from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from hopbase.sse import Event
@@ -76,7 +77,8 @@ def forwarded_headers(client_headers: dict[str, str]) -> dict[str, str]:
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON, UTF-8 as it is (the providers' own style)."""
+    return orjson.dumps(obj)
 
 
 def prompt_text_chars(value: Any) -> int:
