@@ -20,7 +20,7 @@ from billing.recorder import Finished, recorder
 from channels_pool.selection import directory
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.errors import ErrorKind, GatewayError
-from hopbase.protocols.base import Protocol
+from hopbase.protocols.base import Protocol, dumps
 from hopbase.relay import Reply, new_request_id, relay
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
@@ -130,8 +130,9 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
     return to_response(reply, request_id)
 
 
-async def list_models(request: HttpRequest, protocol: Protocol) -> HttpResponse:
-    """P5: the models this key may use, in the SDK's list shape."""
+async def list_models(request: HttpRequest, protocol: Protocol, model: str | None = None) -> HttpResponse:
+    """P5: the models this key may use, in the SDK's list shape; or one of
+    them, as the SDK's model lookup shows it."""
     request_id = new_request_id()
     headers = client_headers(request)
     caller = await identify(request, headers)
@@ -140,7 +141,13 @@ async def list_models(request: HttpRequest, protocol: Protocol) -> HttpResponse:
     if request.method != "GET":
         return error_response(protocol, GatewayError(ErrorKind.METHOD_NOT_ALLOWED), request_id)
     models = [m for m in await directory.models(protocol.channel_protocol) if caller.allows(m)]
-    response = HttpResponse(protocol.models_body(models), content_type="application/json")
+    if model is None:
+        body = protocol.models_body(models)
+    elif model in models:
+        body = dumps(protocol.model_entry(model))
+    else:
+        return error_response(protocol, GatewayError(ErrorKind.MODEL_NOT_FOUND), request_id)
+    response = HttpResponse(body, content_type="application/json")
     response[REQUEST_ID_HEADER] = request_id
     return response
 

@@ -50,8 +50,18 @@ async def models(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt
+async def model(request: HttpRequest, model: str) -> HttpResponse:
+    return await intake.list_models(request, model_list_protocol(request), model)
+
+
+@csrf_exempt
 async def gemini_models(request: HttpRequest, version: str) -> HttpResponse:
     return await intake.list_models(request, GEMINI)
+
+
+@csrf_exempt
+async def gemini_model(request: HttpRequest, version: str, model: str) -> HttpResponse:
+    return await intake.list_models(request, GEMINI, model)
 
 
 @csrf_exempt

@@ -809,6 +809,17 @@ def test_it_lists_models_for_gemini(gateway, world, committed_db, api_version):
     assert [m.name for m in limited.models.list()] == ["models/sim-model"]
 
 
+def test_each_sdk_looks_up_one_model_it_may_use(oai, claude, gateway, world, committed_db):
+    assert oai.models.retrieve("sim-model").id == "sim-model"
+    assert claude.models.retrieve("sim-model").id == "sim-model"
+    client = genai_client(gateway.url, world.key)
+    assert client.models.get(model="sim-model").name == "models/sim-model"
+    with pytest.raises(openai.NotFoundError):
+        openai_client(gateway, world.limited_key).models.retrieve("claude-sim")
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("no-such-model")
+
+
 # --------------------------------------------------------------------------- cached usage (B9)
 
 

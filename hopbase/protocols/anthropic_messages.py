@@ -170,10 +170,15 @@ class Messages(Protocol):
         status, body = anthropic_error(error.kind, error.message)
         return status, dumps(body)
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        return {"type": "model", "id": model, "display_name": model, "created_at": "2025-01-01T00:00:00Z"}
+
     def models_body(self, models: list[str]) -> bytes:
-        data = [
-            {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"} for m in models
-        ]
         return dumps(
-            {"data": data, "has_more": False, "first_id": models[0] if models else None, "last_id": models[-1] if models else None}
+            {
+                "data": [self.model_entry(m) for m in models],
+                "has_more": False,
+                "first_id": models[0] if models else None,
+                "last_id": models[-1] if models else None,
+            }
         )

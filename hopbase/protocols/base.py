@@ -146,6 +146,10 @@ class Protocol:
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         raise NotImplementedError
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        """One model as the SDK's model list and model lookup show it."""
+        raise NotImplementedError
+
     def models_body(self, models: list[str]) -> bytes:
         raise NotImplementedError
 

@@ -186,16 +186,12 @@ class Gemini(Protocol):
         status, body = gemini_error(error.kind, error.message)
         return status, dumps(body)
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        return {
+            "name": f"models/{model}",
+            "displayName": model,
+            "supportedGenerationMethods": ["generateContent", "streamGenerateContent"],
+        }
+
     def models_body(self, models: list[str]) -> bytes:
-        return dumps(
-            {
-                "models": [
-                    {
-                        "name": f"models/{m}",
-                        "displayName": m,
-                        "supportedGenerationMethods": ["generateContent", "streamGenerateContent"],
-                    }
-                    for m in models
-                ]
-            }
-        )
+        return dumps({"models": [self.model_entry(m) for m in models]})

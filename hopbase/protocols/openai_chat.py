@@ -47,15 +47,6 @@ def openai_error_is_busy(error: Any) -> bool:
     return bool({error.get("code"), error.get("type")} & BUSY_CODES)
 
 
-def openai_models_body(models: list[str]) -> bytes:
-    return dumps(
-        {
-            "object": "list",
-            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hopbase"} for m in models],
-        }
-    )
-
-
 def bearer_headers(secret: str, client_headers: dict[str, str]) -> dict[str, str]:
     headers = forwarded_headers(client_headers)
     headers["authorization"] = f"Bearer {secret}"
@@ -194,8 +185,11 @@ class OpenAIProtocol(Protocol):
         status, body = openai_error(error.kind, error.message)
         return status, dumps(body)
 
+    def model_entry(self, model: str) -> dict[str, Any]:
+        return {"id": model, "object": "model", "created": 0, "owned_by": "hopbase"}
+
     def models_body(self, models: list[str]) -> bytes:
-        return openai_models_body(models)
+        return dumps({"object": "list", "data": [self.model_entry(m) for m in models]})
 
     def upstream_call(self, channel: Any, path: str, content: bytes, client_headers: dict[str, str]) -> UpstreamRequest:
         return UpstreamRequest(
