@@ -7,6 +7,7 @@ from django import forms
 from channels_pool.models import Channel
 from hopbase.forms import ModelListField
 
+
 class ChannelForm(forms.ModelForm):
     # Write-only: the widget never renders a value, and the stored secret is
     # kept out of the form's initial data so no widget could render it.

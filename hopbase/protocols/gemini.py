@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
-from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
+from hopbase.protocols.base import (
+    Mark,
+    Protocol,
+    RequestFacts,
+    StreamWatcher,
+    UpstreamRequest,
+    dumps,
+    prompt_text_chars,
+)
 from hopbase.sse import Event
 
 GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
