@@ -3,10 +3,12 @@ transaction, so a tenant's balance always equals the sum of its entries."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Sum
+from django.utils import timezone
 
 from billing.models import LedgerEntry, RequestLog
 from hopbase.models import Tenant
@@ -37,6 +39,45 @@ def post_entry(
     # The row lock (or SQLite's one writer) keeps this from racing.
     Tenant.objects.filter(pk=tenant_id).update(balance_usd=balance_after)
     return entry
+
+
+@transaction.atomic(savepoint=False)
+def post_charges(charges: Sequence[tuple[int, Decimal, int]]) -> list[LedgerEntry]:
+    """Charge entries for many request logs at once (settlement of a batch):
+    ``(tenant_id, amount_usd, request_log_id)`` each, amounts negative, in
+    the order they are to be appended. Joins the caller's transaction (no
+    savepoint of its own); starts one when there is none.
+
+    Every tenant involved is locked first, in id order, so two batches with
+    tenants in common never wait on each other in a cycle; each entry gets
+    the balance right after it, in the given order; each tenant's balance is
+    written once, as the exact sum (as in ``post_entry``). A few statements
+    whatever the number of entries."""
+    if not charges:
+        return []
+    tenant_ids = sorted({tenant_id for tenant_id, _, _ in charges})
+    tenants = {
+        tenant.pk: tenant
+        for tenant in Tenant.objects.select_for_update().filter(pk__in=tenant_ids).order_by("pk").only("balance_usd")
+    }
+    now = timezone.now()
+    entries = []
+    for tenant_id, amount_usd, request_log_id in charges:
+        tenant = tenants[tenant_id]
+        tenant.balance_usd = tenant.balance_usd + amount_usd
+        entries.append(
+            LedgerEntry(
+                tenant_id=tenant_id,
+                kind=LedgerEntry.Kind.CHARGE,
+                amount_usd=amount_usd,
+                balance_after_usd=tenant.balance_usd,
+                request_log_id=request_log_id,
+                created_at=now,
+            )
+        )
+    LedgerEntry.objects.bulk_create(entries)
+    Tenant.objects.bulk_update(list(tenants.values()), ["balance_usd"])
+    return entries
 
 
 def top_up(tenant: Tenant, amount_usd: Decimal, note: str = "top-up") -> LedgerEntry:
