@@ -203,7 +203,7 @@ def gateway(world):
 
 
 @pytest.fixture
-def committed_db(django_db_blocker):
+def committed_db(django_db_setup, django_db_blocker):
     """Read what the gateway process committed, outside any test transaction."""
     with django_db_blocker.unblock():
         yield
