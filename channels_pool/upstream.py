@@ -10,6 +10,7 @@ and closing an attempt (cancelling its task) hangs up on the channel at once.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import anyio
@@ -69,6 +70,11 @@ def retry_after_seconds(headers: httpx.Headers) -> int | None:
         return None
 
 
+def _set_if_waiting(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
+
+
 class Attempt:
     """One request to one channel. ``next()`` yields events in order, then END;
     or a signal; or an ``UpstreamFailure`` as the last item."""
@@ -79,9 +85,14 @@ class Attempt:
         self.status: int | None = None
         self.response_headers: httpx.Headers | None = None
         self._protocol = protocol
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # What the pump read, in order; ``_wake`` is set when an item arrives
+        # for a ``next()`` that is waiting. (A future and a timer per wait
+        # cost far less than ``wait_for`` on a queue, which makes a task for
+        # every event.)
+        self._items: deque[Any] = deque()
+        self._wake: asyncio.Future[None] | None = None
         self._splitter = EventSplitter()
-        self._events: list[Event] = []
+        self._events: deque[Event] = deque()
         # Hang-ups go through an anyio scope, not Task.cancel(): httpcore
         # cleans up under shielded anyio scopes, and a bare task cancellation
         # interrupts that cleanup, leaking the pooled connection.
@@ -93,7 +104,7 @@ class Attempt:
             await self._read(url, headers, content)
 
     async def _read(self, url: str, headers: dict[str, str], content: bytes) -> None:
-        put = self._queue.put_nowait
+        put = self._put
         http = client()
         # httpx asks for gzip by default; the relay splits raw bytes, so the
         # channel must send them uncompressed.
@@ -125,29 +136,39 @@ class Attempt:
         finally:
             await response.aclose()
 
+    def _put(self, item: Any) -> None:
+        self._items.append(item)
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
     async def next(self, timeout: float) -> Any:
         if self._events:
-            return self._events.pop(0)
-        if timeout <= 0:
-            return TIMEOUT
-        try:
-            if self._queue.empty():
-                item = await asyncio.wait_for(self._queue.get(), timeout)
-            else:
-                item = self._queue.get_nowait()
-        except TimeoutError:
-            return TIMEOUT
+            return self._events.popleft()
+        if not self._items:
+            if timeout <= 0:
+                return TIMEOUT
+            loop = asyncio.get_running_loop()
+            self._wake = wake = loop.create_future()
+            timer = loop.call_later(timeout, _set_if_waiting, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
+                self._wake = None
+            if not self._items:
+                return TIMEOUT
+        item = self._items.popleft()
         if isinstance(item, bytes):
             events = self._splitter.feed(item)
             if not events:
                 return PROGRESS
-            self._events = events
-            return self._events.pop(0)
+            self._events.extend(events)
+            return self._events.popleft()
         if item is END:
             # A last event the channel never terminated with a blank line.
             rest = self._splitter.finish()
             if rest:
-                self._queue.put_nowait(END)
+                self._items.appendleft(END)
                 return rest[0]
         return item
 
