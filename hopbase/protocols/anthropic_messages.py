@@ -49,7 +49,7 @@ class MessagesWatcher(StreamWatcher):
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, list[str]] = {}
 
-    def mark(self, event: Event) -> Mark:
+    def mark(self, event: Event) -> int:
         data = event.json
         if not isinstance(data, dict):
             return Mark.PREAMBLE
@@ -75,7 +75,7 @@ class MessagesWatcher(StreamWatcher):
             return self._take_delta(data.get("index", 0), data.get("delta") or {})
         return Mark.PREAMBLE
 
-    def _take_delta(self, index: int, delta: dict[str, Any]) -> Mark:
+    def _take_delta(self, index: int, delta: dict[str, Any]) -> int:
         block = self.blocks.setdefault(index, {"type": "text", "text": ""})
         kind = delta.get("type")
         if kind == "text_delta":

@@ -9,7 +9,6 @@ error in this protocol's encoding. The relay talks only to these two.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,8 +18,11 @@ from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_fro
 from hopbase.sse import Event
 
 
-class Mark(enum.IntFlag):
-    """What an upstream event is to the relay. No flag: preamble."""
+class Mark:
+    """What an upstream event is to the relay: bit flags combined with ``|``
+    (a Gemini chunk can be content and terminal at once); 0 is preamble.
+    Plain ints, not an IntFlag: every event is marked, and enum arithmetic
+    costs several times more."""
 
     PREAMBLE = 0
     CONTENT = 1  # the first of these ends the hold (F1)
@@ -110,7 +112,7 @@ class StreamWatcher:
         # Id of provider-held state this stream created (P9), e.g. a response id.
         self.state_id: str | None = None
 
-    def mark(self, event: Event) -> Mark:
+    def mark(self, event: Event) -> int:
         raise NotImplementedError
 
     def client_bytes(self, event: Event) -> bytes:

@@ -69,7 +69,7 @@ class GeminiWatcher(StreamWatcher):
         self.last: dict[str, Any] = {}
         self.candidate: dict[str, Any] = {}
 
-    def mark(self, event: Event) -> Mark:
+    def mark(self, event: Event) -> int:
         chunk = event.json
         if not isinstance(chunk, dict):
             return Mark.PREAMBLE

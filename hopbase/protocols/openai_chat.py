@@ -64,7 +64,7 @@ class ChatWatcher(StreamWatcher):
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage_obj: dict[str, Any] | None = None
 
-    def mark(self, event: Event) -> Mark:
+    def mark(self, event: Event) -> int:
         if event.data == "[DONE]":
             return Mark.TERMINAL
         chunk = event.json

@@ -27,7 +27,7 @@ class ResponsesWatcher(StreamWatcher):
         self.response: dict[str, Any] | None = None
         self.sequence = -1
 
-    def mark(self, event: Event) -> Mark:
+    def mark(self, event: Event) -> int:
         data = event.json
         if not isinstance(data, dict):
             return Mark.PREAMBLE
