@@ -108,6 +108,14 @@ class HealthBoard:
             if breaker is not None and breaker.state == "half_open":
                 breaker.trial_running = True
 
+    def ended(self, channel_id: int) -> None:
+        """An attempt is over. One that ended without a verdict (the client
+        left, the request was at fault) must not keep a trial slot taken."""
+        with self._lock:
+            breaker = self._breakers.get(channel_id)
+            if breaker is not None:
+                breaker.trial_running = False
+
     def succeeded(self, channel_id: int, ttft_ms: int | None) -> None:
         with self._lock:
             breaker = self._breaker(channel_id)

@@ -10,12 +10,15 @@ and closing an attempt (cancelling its task) hangs up on the channel at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import Any
 
 import anyio
 import httpx
 from django.conf import settings
+
+log = logging.getLogger("hopbase.upstream")
 
 from hopbase.errors import UpstreamFailure
 from hopbase.sse import Event, EventSplitter
@@ -38,6 +41,7 @@ class _Signal:
 TIMEOUT = _Signal("TIMEOUT")  # nothing arrived in time
 PROGRESS = _Signal("PROGRESS")  # bytes arrived, no complete event yet
 END = _Signal("END")  # the channel closed its response normally
+OPENED = _Signal("OPENED")  # the channel answered 200; its events follow
 
 _clients: dict[int, httpx.AsyncClient] = {}
 
@@ -101,7 +105,13 @@ class Attempt:
 
     async def _pump(self, url: str, headers: dict[str, str], content: bytes) -> None:
         with self._scope:
-            await self._read(url, headers, content)
+            try:
+                await self._read(url, headers, content)
+            except Exception:
+                # Whatever broke, the relay must hear of it rather than wait
+                # on a reader that is gone.
+                log.exception("upstream read failed on channel %s", self.channel.name)
+                self._put(UpstreamFailure("internal", self.status))
 
     async def _read(self, url: str, headers: dict[str, str], content: bytes) -> None:
         put = self._put
@@ -120,7 +130,9 @@ class Attempt:
         try:
             self.status = response.status_code
             self.response_headers = response.headers
-            if response.status_code != 200:
+            if response.status_code == 200:
+                put(OPENED)
+            else:
                 body = b""
                 async for chunk in response.aiter_raw():
                     body += chunk

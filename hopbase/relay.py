@@ -17,6 +17,7 @@ events and renders errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from billing.recorder import Finished, recorder
 from channels_pool import affinity
 from channels_pool.health import board
 from channels_pool.selection import ChannelInfo, directory
-from channels_pool.upstream import END, PROGRESS, TIMEOUT, Attempt
+from channels_pool.upstream import END, OPENED, PROGRESS, TIMEOUT, Attempt
 from hopbase.auth import Caller
 from hopbase.errors import (
     INTERRUPTED_MESSAGE,
@@ -44,6 +45,8 @@ from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, 
 from hopbase.sse import Event
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+GENERIC_STREAM_ERROR = "The model provider returned an error. Please retry."
+log = logging.getLogger("hopbase.relay")
 
 
 def new_request_id() -> str:
@@ -88,6 +91,10 @@ class Run:
         self.error_kind = ""
         self.finished = False
         self.holds_key_slot = False
+        # The first content token has been seen: from then on the request is
+        # billed for its output, and a failure is an interruption, not a
+        # failure before the first token (which costs nothing).
+        self.content_seen = False
 
     # -- the hold (F1–F7) ------------------------------------------------
 
@@ -131,13 +138,26 @@ class Run:
         hold cap (committed anyway, F7), or a failure."""
         loop = asyncio.get_running_loop()
         held: list[bytes] = []
+        awaiting_headers = False
         while True:
             item = await attempt.next(give_up_at - loop.time())
             self.upstream_status = attempt.status
             if item is TIMEOUT:
+                if awaiting_headers:
+                    return UpstreamFailure("timeout")
+                if loop.time() < hold_until:
+                    return UpstreamFailure("slow_start", attempt.status)
+                if attempt.status is None:
+                    # F7 commits to a channel that has answered; one that has
+                    # not even sent its status can still fail over.
+                    awaiting_headers = True
+                    give_up_at = loop.time() + settings.HOPBASE_STALL_TIMEOUT
+                    continue
+                return Committed(attempt, watcher, b"".join(held), ended=False)
+            if item is OPENED:
                 if loop.time() >= hold_until:
                     return Committed(attempt, watcher, b"".join(held), ended=False)
-                return UpstreamFailure("slow_start", attempt.status)
+                continue
             if item is PROGRESS:
                 continue
             if isinstance(item, UpstreamFailure):
@@ -152,6 +172,7 @@ class Run:
             held.append(watcher.client_bytes(item))
             if mark & (Mark.CONTENT | Mark.TERMINAL):
                 self.ttft_ms = self._elapsed_ms()
+                self.content_seen = True
                 board.succeeded(attempt.channel.id, self.ttft_ms)
                 return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
 
@@ -173,6 +194,7 @@ class Run:
             attempt.release()
         else:
             attempt.close()
+        board.ended(attempt.channel.id)
         limits.release_channel(attempt.channel.id, attempt.channel.max_concurrency)
 
     def _slow_start_limit(self, is_last: bool) -> float | None:
@@ -221,18 +243,23 @@ class Run:
                 now = loop.time()
                 if item is TIMEOUT:
                     if now >= stall_at:
-                        status, self.error_kind = "stalled", "stall"
+                        status, self.error_kind = self._cut_short("stalled"), "stall"
                         yield watcher.stream_error(ErrorKind.STREAM_FAILED, STALLED_MESSAGE)
                         return
                     yield keepalive
                     last_to_client = now
                     continue
                 last_from_channel = now
-                if item is PROGRESS:
+                if item is PROGRESS or item is OPENED:
                     continue
                 if isinstance(item, UpstreamFailure) or item is END:
-                    status, self.error_kind = "interrupted", "cut"
-                    yield watcher.stream_error(ErrorKind.STREAM_FAILED, INTERRUPTED_MESSAGE)
+                    failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
+                    status, self.error_kind = self._cut_short("interrupted"), failure.kind
+                    self.upstream_status = attempt.status
+                    if failure.busy:
+                        yield watcher.stream_error(ErrorKind.STREAM_BUSY, GENERIC_STREAM_ERROR)
+                    else:
+                        yield watcher.stream_error(ErrorKind.STREAM_FAILED, INTERRUPTED_MESSAGE)
                     return
                 chunk, outcome = self._pass(item, watcher)
                 if chunk:
@@ -249,6 +276,12 @@ class Run:
             self.end_attempt(attempt, completed=status == "completed")
             self.finish(status)
 
+    def _cut_short(self, status: str) -> str:
+        """How a stream that ended early is logged: a stream committed by
+        the hold cap that never produced content failed before its first
+        token, and costs nothing (B5)."""
+        return status if self.content_seen else "failed"
+
     def _pass(self, event: Event, watcher: StreamWatcher) -> tuple[bytes, str | None]:
         """The bytes the client gets for one committed event, and the outcome
         when the event ends the stream."""
@@ -256,11 +289,15 @@ class Run:
         if mark & Mark.ERROR:
             self.error_kind = "error_event"
             kind = ErrorKind.STREAM_BUSY if watcher.busy_error else ErrorKind.STREAM_FAILED
-            return watcher.stream_error(kind, "The model provider returned an error. Please retry."), "interrupted"
+            return watcher.stream_error(kind, GENERIC_STREAM_ERROR), self._cut_short("interrupted")
         if mark & Mark.DROP:
             return b"", None
-        if mark & Mark.CONTENT and self.ttft_ms is None:
-            self.ttft_ms = self._elapsed_ms()
+        if mark & (Mark.CONTENT | Mark.TERMINAL) and not self.content_seen:
+            # Committed by the hold cap (F7): the channel has now delivered.
+            self.content_seen = True
+            if self.ttft_ms is None:
+                self.ttft_ms = self._elapsed_ms()
+            board.succeeded(self.channel.id if self.channel else 0, self.ttft_ms)
         return watcher.client_bytes(event), ("completed" if mark & Mark.TERMINAL else None)
 
     async def collect(self, committed: Committed) -> Reply:
@@ -275,16 +312,20 @@ class Run:
                 stall_at = last_from_channel + settings.HOPBASE_STALL_TIMEOUT
                 item = await attempt.next(stall_at - loop.time())
                 if item is TIMEOUT:
-                    status, self.error_kind = "stalled", "stall"
+                    status, self.error_kind = self._cut_short("stalled"), "stall"
                     return self.error_reply(GatewayError(ErrorKind.ALL_FAILED, STALLED_MESSAGE))
                 last_from_channel = loop.time()
-                if item is PROGRESS:
+                if item is PROGRESS or item is OPENED:
                     continue
                 if isinstance(item, UpstreamFailure) or item is END:
-                    status, self.error_kind = "interrupted", "cut"
+                    failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
+                    status, self.error_kind = self._cut_short("interrupted"), failure.kind
+                    self.upstream_status = attempt.status
+                    if failure.busy:
+                        return self.error_reply(GatewayError(ErrorKind.ALL_BUSY, retry_after=failure.retry_after or 1))
                     return self.error_reply(GatewayError(ErrorKind.ALL_FAILED, INTERRUPTED_MESSAGE))
                 chunk, outcome = self._pass(item, watcher)
-                if outcome == "interrupted":
+                if outcome in ("interrupted", "failed"):
                     status = outcome
                     kind = ErrorKind.ALL_BUSY if watcher.busy_error else ErrorKind.ALL_FAILED
                     return self.error_reply(GatewayError(kind, retry_after=1 if watcher.busy_error else None))
@@ -313,7 +354,8 @@ class Run:
         self.finished = True
         if self.holds_key_slot:
             limits.release_key(self.caller.key_id, self.caller.concurrency)
-        if status in ("stalled", "interrupted") and self.channel is not None:
+        if status in ("stalled", "interrupted", "failed") and self.channel is not None:
+            # A channel committed to (M1) that then let the request down.
             board.failed(self.channel.id, self.error_kind)
         watcher = self.watcher
         if status == "completed" and watcher is not None and watcher.state_id and self.channel is not None:
@@ -332,7 +374,9 @@ class Run:
                 error_kind=self.error_kind,
                 attempts=self.attempts,
                 usage=watcher.usage if watcher is not None else Usage(),
-                prompt_chars=self.facts.prompt_chars,
+                # A request no channel accepted (never a 200) had no prompt
+                # processed: nothing to estimate input from.
+                prompt_chars=self.facts.prompt_chars if self.upstream_status == 200 else 0,
                 sent_chars=watcher.sent_chars if watcher is not None and status != "failed" else 0,
                 ttft_ms=self.ttft_ms,
                 duration_ms=self._elapsed_ms(),
@@ -358,6 +402,11 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
         run.error_kind = run.error_kind or error.kind.value
         run.finish("failed" if run.attempts else "rejected")
         return run.error_reply(error)
+    except Exception:
+        log.exception("request %s failed inside the relay", request_id)
+        run.error_kind = "internal"
+        run.finish("failed")
+        return run.error_reply(GatewayError(ErrorKind.ALL_FAILED))
     except BaseException:
         run.finish("cancelled")
         raise

@@ -470,3 +470,51 @@ def test_finished_requests_give_their_upstream_connection_back_for_reuse(gateway
         assert set(pool.map(one, ("chat", "responses", "messages", "gemini") * 50)) == {200}
     peers = {record["peer"] for record in wait_for_records(world.simulator.url, tag, count=200)}
     assert len(peers) <= 8
+
+
+def test_a_stream_committed_by_the_hold_cap_that_never_delivers_costs_nothing(gateway, world):
+    """F7 then M2 before any content: the client gets the stall error, and
+    the request failed before its first token, so it is free (B5)."""
+    tag = new_tag()
+    response = stream(gateway, "messages", world.key, "claude-sim", f"hi [sim tag={tag} stall_after=0]")
+    assert response.status_code == 200
+    assert response.content.startswith(b"event: message_start")
+    (error,) = error_events("messages", response.content)
+    assert error["error"]["message"] == STALLED
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert (log.status, log.input_tokens, log.output_tokens) == ("failed", 0, 0)
+
+
+def test_a_client_that_leaves_before_any_channel_answers_is_not_charged(gateway, world):
+    """Waiting for the key's only slot (F8), the client hangs up: nothing
+    reached a provider, so the cancelled request costs nothing."""
+    holder = new_tag()
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(post, gateway, "chat", world.one_at_a_time_key, "sim-model", f"hi [sim tag={holder} first_delay=2]")
+        wait_for_records(world.simulator.url, holder)  # the key's slot is taken
+        request = call("chat", world.one_at_a_time_key, "sim-model", "a long question " * 200, stream=False)
+        body = json.dumps(request.body).encode()
+        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
+            sock.sendall(
+                (
+                    f"POST {request.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Authorization: Bearer {world.one_at_a_time_key}\r\nContent-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
+            time.sleep(0.3)  # nothing to observe: the request is waiting inside the gateway
+        assert first.result().status_code == 200
+    from billing.models import RequestLog
+
+    deadline = time.monotonic() + 5
+    while not (log := RequestLog.objects.filter(status="cancelled", attempts=0).order_by("-id").first()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (log.input_tokens, log.output_tokens, log.usage_estimated) == (0, 0, True)
+
+
+def test_a_client_header_that_is_not_ascii_does_not_break_the_upstream_call(gateway, world):
+    request = call("messages", world.key, "sim-model", "hi [sim tokens=2]")
+    headers = {**request.headers, "user-agent": "MyApp/1.0 (Zürich)".encode()}
+    response = httpx.post(gateway.url + request.path, json=request.body, headers=headers, timeout=10)
+    assert response.status_code == 200

@@ -75,7 +75,13 @@ FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta", "user
 
 
 def forwarded_headers(client_headers: dict[str, str]) -> dict[str, str]:
-    return {name: client_headers[name] for name in FORWARDED_HEADERS if name in client_headers}
+    # HTTP header values are ASCII; a client's stray non-ASCII User-Agent is
+    # dropped rather than allowed to break the upstream request.
+    return {
+        name: client_headers[name]
+        for name in FORWARDED_HEADERS
+        if name in client_headers and client_headers[name].isascii()
+    }
 
 
 def dumps(obj: Any) -> bytes:

@@ -182,8 +182,9 @@ class Gemini(Protocol):
             "content-type": "application/json",
             "accept": "text/event-stream",
         }
-        if "user-agent" in client_headers:
-            headers["user-agent"] = client_headers["user-agent"]
+        agent = client_headers.get("user-agent")
+        if agent and agent.isascii():
+            headers["user-agent"] = agent
         return UpstreamRequest(url=url, headers=headers, content=facts.raw_body)
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
