@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import socket
-from concurrent.futures import ThreadPoolExecutor
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
