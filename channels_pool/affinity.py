@@ -16,7 +16,8 @@ from django.core.cache import cache
 MAX_LOCAL = 100_000
 TTL_SECONDS = 30 * 24 * 3600
 
-_local: OrderedDict[str, int] = OrderedDict()
+# state id -> (tenant id, channel id): a tenant can only follow its own state.
+_local: OrderedDict[str, tuple[int, int]] = OrderedDict()
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopbase-affinity")
 
 
@@ -24,22 +25,25 @@ def _cache_key(state_id: str) -> str:
     return "hopbase:affinity:" + state_id
 
 
-def remember(state_id: str, channel_id: int) -> None:
-    _local[state_id] = channel_id
+def remember(state_id: str, tenant_id: int, channel_id: int) -> None:
+    _local[state_id] = (tenant_id, channel_id)
     _local.move_to_end(state_id)
     if len(_local) > MAX_LOCAL:
         _local.popitem(last=False)
     if settings.REDIS_URL:
-        _writer.submit(cache.set, _cache_key(state_id), channel_id, TTL_SECONDS)
+        _writer.submit(cache.set, _cache_key(state_id), (tenant_id, channel_id), TTL_SECONDS)
 
 
-async def channel_for(state_id: str) -> int | None:
-    """The channel that created the state; None when unknown (then any
-    channel may try, and the provider answers whether it knows the id)."""
-    channel_id = _local.get(state_id)
-    if channel_id is None and settings.REDIS_URL:
+async def channel_for(state_id: str, tenant_id: int) -> int | None:
+    """The channel that created the tenant's state; None when unknown or
+    another tenant's (then any channel may try, and the provider answers
+    whether it knows the id)."""
+    owner = _local.get(state_id)
+    if owner is None and settings.REDIS_URL:
         try:
-            channel_id = await cache.aget(_cache_key(state_id))
+            owner = await cache.aget(_cache_key(state_id))
         except Exception:
-            channel_id = None
-    return channel_id
+            owner = None
+    if owner is None or tuple(owner)[0] != tenant_id:
+        return None
+    return tuple(owner)[1]

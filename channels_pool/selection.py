@@ -8,7 +8,7 @@ is read at most once per HOPBASE_CONFIG_TTL per process (billing.snapshots).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from billing.snapshots import Snapshot
 from channels_pool.models import Channel
@@ -20,7 +20,7 @@ class ChannelInfo:
     name: str
     protocol: str
     base_url: str
-    secret: str
+    secret: str = field(repr=False)  # never in a log line or a debug page
     models: frozenset[str]
     priority: int
     weight: int

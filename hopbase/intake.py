@@ -20,7 +20,7 @@ from billing.recorder import Finished, recorder
 from channels_pool.selection import directory
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.errors import ErrorKind, GatewayError
-from hopbase.protocols.base import Protocol, dumps
+from hopbase.protocols.base import Protocol, RequestFacts, dumps
 from hopbase.relay import Reply, new_request_id, relay
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
@@ -88,6 +88,17 @@ def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes
         raise GatewayError(ErrorKind.MALFORMED, "The request body is not valid JSON.") from None
 
 
+def parse_facts(protocol: Protocol, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
+    try:
+        return protocol.parse(body, raw, route)
+    except GatewayError:
+        raise
+    except (RecursionError, TypeError, ValueError, AttributeError):
+        # A body shaped in a way no check foresaw (absurd nesting, a field
+        # of the wrong type deep inside) is malformed, not a server error.
+        raise GatewayError(ErrorKind.MALFORMED, "The request body has an unexpected shape.") from None
+
+
 def record_rejection(request_id: str, protocol: Protocol, caller: Caller, model: str, error: GatewayError) -> None:
     recorder.record(
         Finished(
@@ -115,7 +126,7 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
         body, raw = read_json(request, headers)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             model = body["model"]
-        facts = protocol.parse(body, raw, route or {})
+        facts = parse_facts(protocol, body, raw, route or {})
         if not caller.allows(facts.model):
             raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
         if not await prices.is_priced(facts.model):

@@ -359,7 +359,7 @@ class Run:
             board.failed(self.channel.id, self.error_kind)
         watcher = self.watcher
         if status == "completed" and watcher is not None and watcher.state_id and self.channel is not None:
-            affinity.remember(watcher.state_id, self.channel.id)
+            affinity.remember(watcher.state_id, self.caller.tenant_id, self.channel.id)
         recorder.record(
             Finished(
                 request_id=self.request_id,
@@ -391,7 +391,7 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
     try:
         await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
         run.holds_key_slot = True
-        pinned = await affinity.channel_for(facts.affinity_key) if facts.affinity_key else None
+        pinned = await affinity.channel_for(facts.affinity_key, caller.tenant_id) if facts.affinity_key else None
         candidates = board.arrange(await directory.candidates(protocol.channel_protocol, facts.model, pinned))
         if not candidates:
             run.error_kind = "model_not_found"

@@ -63,6 +63,18 @@ def test_a_malformed_body_is_refused_in_the_callers_format(gateway, world, proto
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_absurdly_nested_body_is_malformed_not_a_server_error(gateway, world, protocol):
+    nested = "[" * 900 + "]" * 900
+    request = call(protocol, world.key, "sim-model", "hi")
+    field = {"chat": "messages", "messages": "messages", "responses": "input", "gemini": "contents"}[protocol]
+    content = f'{{"model": "sim-model", "{field}": [{{"role": "user", "content": {nested}, "parts": {nested}}}]}}'
+    response = send(gateway, request, content=content.encode(), **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert error_of(protocol, response) == MALFORMED[protocol]
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_body_that_is_not_json_by_content_type_is_refused(gateway, world, protocol):
     request = call(protocol, world.key, "sim-model", "hi")
     response = send(gateway, request, content=b"model=sim-model", **{"content-type": "application/x-www-form-urlencoded"})

@@ -518,3 +518,14 @@ def test_a_client_header_that_is_not_ascii_does_not_break_the_upstream_call(gate
     headers = {**request.headers, "user-agent": "MyApp/1.0 (Zürich)".encode()}
     response = httpx.post(gateway.url + request.path, json=request.body, headers=headers, timeout=10)
     assert response.status_code == 200
+
+
+def test_another_tenant_cannot_follow_a_response_it_does_not_own(gateway, world):
+    first = post(gateway, "responses", world.key, "affinity-model", "hi [sim tokens=2]")
+    owner_channel = wait_for_log(first.headers["x-hopbase-request-id"]).channel_id
+    channels = set()
+    for _ in range(16):
+        other = post(gateway, "responses", world.other_key, "affinity-model", "again", previous_response_id=first.json()["id"])
+        channels.add(wait_for_log(other.headers["x-hopbase-request-id"]).channel_id)
+    # Not pinned: the two equal channels share its requests at random.
+    assert len(channels) == 2 and owner_channel in channels
