@@ -16,12 +16,16 @@ and channels that have none.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from hopbase.errors import ErrorKind, GatewayError
+
+log = logging.getLogger("hopbase.limits")
 
 POLL_SECONDS = 0.05
 WINDOW_SECONDS = 60
@@ -56,6 +60,28 @@ class LocalCounters:
         return 0.0
 
 
+# Take a slot or refuse, in one step: a request cancelled half-way can
+# neither leave a slot counted that it does not know it holds, nor free one.
+TAKE_SLOT = """
+local open = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if open > tonumber(ARGV[1]) then
+  redis.call('DECR', KEYS[1])
+  return 0
+end
+return 1
+"""
+TAKE_START = """
+local started = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if started > tonumber(ARGV[1]) then
+  redis.call('DECR', KEYS[1])
+  return 0
+end
+return 1
+"""
+
+
 class RedisCounters:
     """Counts shared through Redis by every gateway process."""
 
@@ -74,34 +100,37 @@ class RedisCounters:
             self._clients[loop_id] = client
         return client
 
+    def _detach(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def take_slot(self, name: str, limit: int) -> bool:
-        redis = self._redis()
         key = "hopbase:open:" + name
-        async with redis.pipeline(transaction=True) as pipe:
-            count, _ = await pipe.incr(key).expire(key, COUNTER_TTL_SECONDS).execute()
-        if count > limit:
-            await redis.decr(key)
-            return False
-        return True
+        taking = asyncio.ensure_future(self._redis().eval(TAKE_SLOT, 1, key, limit, COUNTER_TTL_SECONDS))
+        try:
+            return bool(await asyncio.shield(taking))
+        except asyncio.CancelledError:
+            # The caller is gone; if the slot was taken anyway, give it back.
+            taking.add_done_callback(lambda done: self._give_back_if_taken(done, name))
+            raise
+
+    def _give_back_if_taken(self, done: asyncio.Future, name: str) -> None:
+        if not done.cancelled() and done.exception() is None and done.result():
+            self.give_back_slot(name)
 
     def give_back_slot(self, name: str) -> None:
         # Called from a request's last moments, maybe while it is cancelled:
         # the decrement runs as a task of its own.
-        task = asyncio.get_running_loop().create_task(self._redis().decr("hopbase:open:" + name))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._detach(self._redis().decr("hopbase:open:" + name))
 
     async def take_start(self, name: str, per_minute: int) -> float:
         now = time.time()
         window = int(now // WINDOW_SECONDS)
         key = f"hopbase:rpm:{name}:{window}"
-        redis = self._redis()
-        async with redis.pipeline(transaction=True) as pipe:
-            count, _ = await pipe.incr(key).expire(key, WINDOW_SECONDS * 2).execute()
-        if count > per_minute:
-            await redis.decr(key)
-            return (window + 1) * WINDOW_SECONDS - now
-        return 0.0
+        if await self._redis().eval(TAKE_START, 1, key, per_minute, WINDOW_SECONDS * 2):
+            return 0.0
+        return (window + 1) * WINDOW_SECONDS - now
 
 
 class Limits:
@@ -114,11 +143,21 @@ class Limits:
             self._counters = RedisCounters(settings.REDIS_URL) if settings.REDIS_URL else LocalCounters()
         return self._counters
 
-    async def admit_key(self, key_id: int, rpm: int | None, concurrency: int | None) -> None:
-        """Wait for the key's capacity, or raise RATE_LIMIT. On success the
-        caller owes a ``release_key`` when the request ends (if concurrency)."""
+    async def admit_key(self, key_id: int, rpm: int | None, concurrency: int | None) -> bool:
+        """Wait for the key's capacity, or raise RATE_LIMIT. True when a slot
+        was taken, which the caller gives back with ``release_key``.
+
+        If the shared store cannot be reached the request is let through:
+        an outage of the limits store must not stop the gateway."""
         if rpm is None and concurrency is None:
-            return
+            return False
+        try:
+            return await self._admit_key(key_id, rpm, concurrency)
+        except (OSError, RedisError) as error:
+            log.warning("limits store unavailable, key %s let through: %s", key_id, error)
+            return False
+
+    async def _admit_key(self, key_id: int, rpm: int | None, concurrency: int | None) -> bool:
         deadline = time.monotonic() + settings.HOPBASE_CAPACITY_WAIT
         name = f"key:{key_id}"
         if rpm is not None:
@@ -126,22 +165,25 @@ class Limits:
                 if time.monotonic() + wait > deadline:
                     raise GatewayError(ErrorKind.RATE_LIMIT, retry_after=max(1, round(wait)))
                 await asyncio.sleep(wait)
-        if concurrency is not None:
-            while not await self.counters.take_slot(name, concurrency):
-                if time.monotonic() + POLL_SECONDS > deadline:
-                    raise GatewayError(
-                        ErrorKind.RATE_LIMIT, "Too many requests in flight for this API key.", retry_after=1
-                    )
-                await asyncio.sleep(POLL_SECONDS)
+        if concurrency is None:
+            return False
+        while not await self.counters.take_slot(name, concurrency):
+            if time.monotonic() + POLL_SECONDS > deadline:
+                raise GatewayError(ErrorKind.RATE_LIMIT, "Too many requests in flight for this API key.", retry_after=1)
+            await asyncio.sleep(POLL_SECONDS)
+        return True
 
-    def release_key(self, key_id: int, concurrency: int | None) -> None:
-        if concurrency is not None:
-            self.counters.give_back_slot(f"key:{key_id}")
+    def release_key(self, key_id: int) -> None:
+        self.counters.give_back_slot(f"key:{key_id}")
 
     async def take_channel(self, channel_id: int, max_concurrency: int | None) -> bool:
         if max_concurrency is None:
             return True
-        return await self.counters.take_slot(f"channel:{channel_id}", max_concurrency)
+        try:
+            return await self.counters.take_slot(f"channel:{channel_id}", max_concurrency)
+        except (OSError, RedisError) as error:
+            log.warning("limits store unavailable, channel %s not limited: %s", channel_id, error)
+            return True
 
     def release_channel(self, channel_id: int, max_concurrency: int | None) -> None:
         if max_concurrency is not None:

@@ -353,7 +353,7 @@ class Run:
             return
         self.finished = True
         if self.holds_key_slot:
-            limits.release_key(self.caller.key_id, self.caller.concurrency)
+            limits.release_key(self.caller.key_id)
         if status in ("stalled", "interrupted", "failed") and self.channel is not None:
             # A channel committed to (M1) that then let the request down.
             board.failed(self.channel.id, self.error_kind)
@@ -389,8 +389,7 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
     """Serve one authenticated, parsed request."""
     run = Run(request_id, protocol, caller, facts, headers)
     try:
-        await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
-        run.holds_key_slot = True
+        run.holds_key_slot = await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
         pinned = await affinity.channel_for(facts.affinity_key, caller.tenant_id) if facts.affinity_key else None
         candidates = board.arrange(await directory.candidates(protocol.channel_protocol, facts.model, pinned))
         if not candidates:

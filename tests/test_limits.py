@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from hopbase.errors import ErrorKind, GatewayError
-from hopbase.limits import Limits, LocalCounters
+from hopbase.limits import Limits, LocalCounters, RedisCounters
 from tests.wire import call, wait_for_log, wait_for_records
 
 
@@ -64,7 +64,7 @@ def test_a_key_waits_for_a_slot_that_frees_up(local_limits) -> None:
     async def scenario() -> None:
         await local_limits.admit_key(7, rpm=None, concurrency=1)
         loop = asyncio.get_running_loop()
-        loop.call_later(0.05, local_limits.release_key, 7, 1)
+        loop.call_later(0.05, local_limits.release_key, 7)
         await local_limits.admit_key(7, rpm=None, concurrency=1)
 
     asyncio.run(scenario())
@@ -78,6 +78,44 @@ def test_keys_and_channels_without_limits_cost_nothing(local_limits) -> None:
 
     assert asyncio.run(scenario()) is True
     assert local_limits._counters is None
+
+
+REDIS_FOR_TESTS = "redis://127.0.0.1:6379/7"
+
+
+def test_a_request_cancelled_while_taking_a_shared_slot_leaves_none_taken() -> None:
+    """The take is one Redis script; a caller cancelled while it runs gives
+    back the slot the script took for it."""
+
+    async def scenario() -> bytes | None:
+        counters = RedisCounters(REDIS_FOR_TESTS)
+        redis = counters._redis()
+        name = f"test:{uuid.uuid4().hex}"
+        taking = asyncio.ensure_future(counters.take_slot(name, 1))
+        await asyncio.sleep(0)  # the script is on its way
+        taking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        deadline = time.monotonic() + 5
+        while counters._pending or not await counters.take_slot(name, 1):
+            assert time.monotonic() < deadline, "the cancelled take kept its slot"
+            await asyncio.sleep(0.01)
+        counters.give_back_slot(name)
+        while counters._pending:
+            await asyncio.sleep(0.01)
+        return await redis.get("hopbase:open:" + name)
+
+    assert asyncio.run(scenario()) in (b"0", None)
+
+
+def test_limits_let_requests_through_when_the_shared_store_is_down(settings) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    limits = Limits()
+
+    async def scenario() -> tuple[bool, bool]:
+        return await limits.admit_key(1, rpm=5, concurrency=1), await limits.take_channel(1, 1)
+
+    assert asyncio.run(scenario()) == (False, True)
 
 
 def slow_request(gateway, key: str, model: str, directives: str) -> httpx.Response:

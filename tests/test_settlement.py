@@ -33,11 +33,11 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing import settlement
 from billing.checks import ledger_problems
 from billing.ledger import post_entry, top_up
 from billing.models import LedgerEntry, RequestLog
 from billing.recorder import Finished, Recorder, in_process_sweep_interval
-from billing import settlement
 from billing.settlement import Outcome, settle, settle_many, sweep, unsettled
 from billing.tasks import Publisher, settle_request_log, settle_request_logs, sweep_unsettled
 from hopbase.models import Tenant
