@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 
 from billing.metering import billable_tokens
 from billing.models import RequestLog
@@ -98,6 +98,8 @@ def in_process_sweep_interval() -> float | None:
 
 
 _STOP = object()
+# A database outage is waited out for about four minutes (backoff to 30 s).
+WRITE_TRIES = 12
 
 
 class Recorder:
@@ -153,10 +155,14 @@ class Recorder:
                 if isinstance(item, Finished):
                     batch.append(item)
             if batch:
-                self._write(batch)
-                with self._lock:
-                    self._pending -= len(batch)
-                    self._written.notify_all()
+                try:
+                    self._write(batch)
+                except Exception:
+                    log.exception("request log writer failed on a batch of %d", len(batch))
+                finally:
+                    with self._lock:
+                        self._pending -= len(batch)
+                        self._written.notify_all()
             if not stopping and self._until_sweep() == 0:
                 self._sweep()
         connections.close_all()
@@ -178,22 +184,33 @@ class Recorder:
             self._next_sweep = time.monotonic() + self._sweep_every
 
     def _write(self, batch: list[Finished]) -> None:
-        rows = [to_row(item) for item in batch]
-        try:
-            refresh_connection()
-            with transaction.atomic():
-                RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
-                self._touch_keys(batch)
-                # bulk_create(ignore_conflicts=True) returns no ids: ask for them.
-                ids = list(
-                    RequestLog.objects.filter(request_id__in=[row.request_id for row in rows], settled_at__isnull=True)
-                    .values_list("pk", flat=True)
-                )
-                # robust: a settlement failure must not look like a failed write.
-                transaction.on_commit(lambda: self._publish(ids), robust=True)
-        except Exception:
-            log.exception("could not write %d request logs", len(rows))
-            return
+        """Insert a batch; never lose it to one bad row or a short outage.
+
+        A row the batch insert refuses (its channel deleted meanwhile) is
+        retried alone, then without its channel; a database that is down is
+        retried with backoff. Only what still cannot be written after that
+        is given up, each row logged in full so it can be replayed."""
+        delay = 1.0
+        for _ in range(WRITE_TRIES):
+            try:
+                refresh_connection()
+                self._insert([to_row(item) for item in batch], batch)
+                break
+            except IntegrityError:
+                self._insert_one_by_one(batch)
+                break
+            except (OperationalError, InterfaceError):
+                log.exception("database unavailable; %d request logs wait %.0f s", len(batch), delay)
+                connections.close_all()
+                time.sleep(delay)
+                delay = min(delay * 2, 30)
+            except Exception:
+                log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
+                self._insert_one_by_one(batch)
+                break
+        else:
+            for item in batch:
+                log.error("request log lost: %r", item)
         try:
             health.persist(health.board.changes())
         except Exception:
@@ -203,6 +220,31 @@ class Recorder:
                 "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",
                 item.request_id, item.tenant_id, item.model, item.status, item.attempts, item.ttft_ms, item.duration_ms,
             )
+
+    def _insert(self, rows: list[RequestLog], batch: list[Finished]) -> None:
+        with transaction.atomic():
+            RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
+            self._touch_keys(batch)
+            # bulk_create(ignore_conflicts=True) returns no ids: ask for them.
+            ids = list(
+                RequestLog.objects.filter(request_id__in=[row.request_id for row in rows], settled_at__isnull=True)
+                .values_list("pk", flat=True)
+            )
+            # robust: a settlement failure must not look like a failed write.
+            transaction.on_commit(lambda: self._publish(ids), robust=True)
+
+    def _insert_one_by_one(self, batch: list[Finished]) -> None:
+        for item in batch:
+            try:
+                row = to_row(item)
+                try:
+                    self._insert([row], [item])
+                except IntegrityError:
+                    # Most likely its channel was deleted in the meantime.
+                    row.channel_id = None
+                    self._insert([row], [item])
+            except Exception:
+                log.exception("request log lost: %r", item)
 
     @staticmethod
     def _touch_keys(batch: list[Finished]) -> None:

@@ -1,0 +1,70 @@
+"""The recorder: one request log per finished request, written in batches
+off the event loop, and not lost to one bad row or a dead writer."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from billing.models import RequestLog
+from billing.recorder import Finished, Recorder
+from hopbase.protocols.base import Usage
+from tests.factories import make_channel, make_key
+
+
+def finished(key, **fields) -> Finished:
+    values = dict(
+        request_id="req_" + uuid.uuid4().hex,
+        created_at=timezone.now(),
+        tenant_id=key.tenant_id,
+        api_key_id=key.pk,
+        protocol="chat",
+        status="completed",
+        model="gpt-test",
+        usage=Usage(10, 5, input_reported=True, output_reported=True),
+    )
+    values.update(fields)
+    return Finished(**values)
+
+
+def written(items: list[Finished]) -> dict[str, RequestLog]:
+    return {log.request_id: log for log in RequestLog.objects.filter(request_id__in=[i.request_id for i in items])}
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_a_row_whose_channel_was_deleted_is_kept_without_its_channel():
+    # Committed for real: foreign keys are checked when a transaction commits.
+    key, _ = make_key()
+    kept, gone = make_channel(), make_channel()
+    batch = [finished(key, channel_id=kept.pk), finished(key, channel_id=gone.pk), finished(key)]
+    gone.delete()
+    Recorder(publish=lambda ids: None)._write(batch)
+    logs = written(batch)
+    assert len(logs) == 3
+    assert logs[batch[0].request_id].channel_id == kept.pk
+    assert logs[batch[1].request_id].channel_id is None
+    assert logs[batch[1].request_id].input_tokens == 10
+
+
+@pytest.mark.django_db
+def test_a_row_that_cannot_be_built_is_logged_and_the_others_written(caplog):
+    key, _ = make_key()
+    batch = [finished(key), finished(key, usage=None), finished(key)]
+    Recorder(publish=lambda ids: None)._write(batch)
+    assert set(written(batch)) == {batch[0].request_id, batch[2].request_id}
+    assert "request log lost" in caplog.text and batch[1].request_id in caplog.text
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_the_writer_thread_survives_a_bad_request_and_writes_the_next():
+    key, _ = make_key()
+    recorder = Recorder(publish=lambda ids: None)
+    bad, good = finished(key, created_at=None), finished(key)
+    recorder.record(bad)
+    assert recorder.flush(10)
+    recorder.record(good)
+    assert recorder.flush(10)
+    recorder.stop()
+    assert list(written([bad, good])) == [good.request_id]
