@@ -11,6 +11,7 @@ Two Django handlers share one URL configuration:
   handler straight from the apps (HopBase needs no CDN).
 """
 
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hopbase.settings")
@@ -21,14 +22,59 @@ django.setup(set_prefix=False)
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.http.response import HttpResponseBase  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz")
 
 
 class ApiHandler(ASGIHandler):
-    """Django's ASGI handler with an empty middleware chain."""
+    """Django's ASGI handler with an empty middleware chain, and none of the
+    per-request hand-offs to Django's one sync thread: nothing on the API
+    path runs there (database work goes to pool threads that look after
+    their own connections), so the request signals and the response's close
+    run right on the event loop."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope, receive, send) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            error_response.close()
+            return
+
+        async def process_request() -> HttpResponseBase:
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # the client left while the response was going out
+            return response
+
+        # As Django does: a disconnect cancels the view (or the stream), so
+        # the relay hangs up on the channel at once (B1).
+        listener = asyncio.create_task(self.listen_for_disconnect(receive))
+        processor = asyncio.create_task(process_request())
+        await asyncio.wait((listener, processor), return_when=asyncio.FIRST_COMPLETED)
+        for task in (listener, processor):
+            if not task.done():
+                task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, RequestAborted):
+                pass
+        if not processor.cancelled() and processor.exception() is None:
+            processor.result().close()
+        body_file.close()
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
