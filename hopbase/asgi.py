@@ -2,10 +2,10 @@
 
 Two Django handlers share one URL configuration:
 - the API paths (``/v1…``, ``/v1beta…``, ``/v1alpha…``, ``/healthz``) go to a
-  handler without middleware. Sessions, CSRF, messages and the rest serve
-  the admin's browser pages; under ASGI each sync-capable middleware costs
-  two thread hand-offs per request, which would be most of the gateway's
-  own CPU time;
+  handler without middleware and without Django's per-request hand-offs to
+  its one sync thread. Sessions, CSRF, messages and the rest serve the
+  admin's browser pages; under ASGI each sync-capable middleware costs two
+  thread hand-offs per request, which was most of the gateway's own CPU;
 - everything else (the admin, the dashboard, static files) gets the full
   middleware stack, with static files served by Django's staticfiles
   handler straight from the apps (HopBase needs no CDN).
@@ -24,8 +24,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.core.asgi import get_asgi_application  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
-from django.http.response import HttpResponseBase  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.http.response import HttpResponseBase  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz")
 
