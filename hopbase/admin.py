@@ -110,8 +110,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("tenant", "label", "allowed_models", "rpm", "concurrency")
-        return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency",
+            return ("tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd")
+        return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd",
                 "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request, obj=None):
@@ -129,7 +129,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         key, secret = ApiKey.objects.issue(
-            obj.tenant, label=obj.label, allowed_models=obj.allowed_models, rpm=obj.rpm, concurrency=obj.concurrency
+            obj.tenant,
+            label=obj.label,
+            allowed_models=obj.allowed_models,
+            rpm=obj.rpm,
+            concurrency=obj.concurrency,
+            monthly_limit_usd=obj.monthly_limit_usd,
         )
         # The admin goes on with the object it passed in (history entry,
         # response): make it the issued row.

@@ -30,6 +30,7 @@ class Caller:
     allowed_models: frozenset[str]
     rpm: int | None
     concurrency: int | None
+    has_spend_limit: bool = False
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -55,6 +56,7 @@ def _load(secret: str) -> Caller | None:
         allowed_models=frozenset(key.allowed_models or ()),
         rpm=key.rpm,
         concurrency=key.concurrency,
+        has_spend_limit=key.monthly_limit_usd is not None,
     )
 
 

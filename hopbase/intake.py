@@ -14,7 +14,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
-from billing.balances import balances
+from billing.balances import balances, key_spend
 from billing.pricing import prices
 from billing.recorder import Finished, recorder
 from channels_pool.selection import directory
@@ -134,6 +134,8 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
             raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "The model is not available: it has no price yet.")
         if await balances.exhausted(caller.tenant_id):
             raise GatewayError(ErrorKind.BALANCE)
+        if caller.has_spend_limit and await key_spend.over_limit(caller.key_id):
+            raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
     except GatewayError as error:
         record_rejection(request_id, protocol, caller, model, error)
         return error_response(protocol, error, request_id)
