@@ -60,21 +60,13 @@ class LocalCounters:
         return 0.0
 
 
-# Take a slot or refuse, in one step: a request cancelled half-way can
-# neither leave a slot counted that it does not know it holds, nor free one.
-TAKE_SLOT = """
-local open = redis.call('INCR', KEYS[1])
+# Count one more under a limit, or refuse, in one step: a request
+# cancelled half-way can neither leave a slot counted that it does not know
+# it holds, nor free one.
+TAKE_UNDER_LIMIT = """
+local count = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-if open > tonumber(ARGV[1]) then
-  redis.call('DECR', KEYS[1])
-  return 0
-end
-return 1
-"""
-TAKE_START = """
-local started = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-if started > tonumber(ARGV[1]) then
+if count > tonumber(ARGV[1]) then
   redis.call('DECR', KEYS[1])
   return 0
 end
@@ -107,7 +99,7 @@ class RedisCounters:
 
     async def take_slot(self, name: str, limit: int) -> bool:
         key = "hopbase:open:" + name
-        taking = asyncio.ensure_future(self._redis().eval(TAKE_SLOT, 1, key, limit, COUNTER_TTL_SECONDS))
+        taking = asyncio.ensure_future(self._redis().eval(TAKE_UNDER_LIMIT, 1, key, limit, COUNTER_TTL_SECONDS))
         try:
             return bool(await asyncio.shield(taking))
         except asyncio.CancelledError:
@@ -128,7 +120,7 @@ class RedisCounters:
         now = time.time()
         window = int(now // WINDOW_SECONDS)
         key = f"hopbase:rpm:{name}:{window}"
-        if await self._redis().eval(TAKE_START, 1, key, per_minute, WINDOW_SECONDS * 2):
+        if await self._redis().eval(TAKE_UNDER_LIMIT, 1, key, per_minute, WINDOW_SECONDS * 2):
             return 0.0
         return (window + 1) * WINDOW_SECONDS - now
 

@@ -253,9 +253,7 @@ class Run:
                 if item is PROGRESS or item is OPENED:
                     continue
                 if isinstance(item, UpstreamFailure) or item is END:
-                    failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
-                    status, self.error_kind = self._cut_short("interrupted"), failure.kind
-                    self.upstream_status = attempt.status
+                    status, failure = self._ended_early(item, attempt)
                     if failure.busy:
                         yield watcher.stream_error(ErrorKind.STREAM_BUSY, GENERIC_STREAM_ERROR)
                     else:
@@ -275,6 +273,13 @@ class Run:
         finally:
             self.end_attempt(attempt, completed=status == "completed")
             self.finish(status)
+
+    def _ended_early(self, item: object, attempt: Attempt) -> tuple[str, UpstreamFailure]:
+        """A committed channel failed or hung up before its terminal event."""
+        failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
+        self.error_kind = failure.kind
+        self.upstream_status = attempt.status
+        return self._cut_short("interrupted"), failure
 
     def _cut_short(self, status: str) -> str:
         """How a stream that ended early is logged: a stream committed by
@@ -318,9 +323,7 @@ class Run:
                 if item is PROGRESS or item is OPENED:
                     continue
                 if isinstance(item, UpstreamFailure) or item is END:
-                    failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
-                    status, self.error_kind = self._cut_short("interrupted"), failure.kind
-                    self.upstream_status = attempt.status
+                    status, failure = self._ended_early(item, attempt)
                     if failure.busy:
                         return self.error_reply(GatewayError(ErrorKind.ALL_BUSY, retry_after=failure.retry_after or 1))
                     return self.error_reply(GatewayError(ErrorKind.ALL_FAILED, INTERRUPTED_MESSAGE))
