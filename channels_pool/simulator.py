@@ -41,6 +41,7 @@ from channels_pool.simulator_requests import Directives, api_key_of, count_words
 
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
 _GEMINI_MODELS = re.compile(r"/(v1|v1beta|v1alpha)/models")
+_GEMINI_CACHES = re.compile(r"/(v1|v1beta|v1alpha)/cachedContents")
 
 ROUTES = {
     "/v1/chat/completions": "chat",
@@ -209,6 +210,8 @@ class Simulator:
             stream = gemini.group(3) == "streamGenerateContent"
         if method == "GET" and (path == "/v1/models" or _GEMINI_MODELS.fullmatch(path)):
             return await self._models(conn, request, record)
+        if method == "POST" and _GEMINI_CACHES.fullmatch(path):
+            return await self._cache(conn, request, record)
         if protocol is None or method != "POST":
             missing = {"error": {"message": f"simulated upstream has no route for {method} {path}",
                                  "type": "not_found", "code": 404}}
@@ -293,6 +296,30 @@ class Simulator:
                                     wire.error_body(protocol, directives.status, directives.reason), record)
         record.completed = True
         return await self._json(conn, request, 200, wire.models_list(flavour), record)
+
+    async def _cache(self, conn: Connection, request: Request, record: Record) -> bool:
+        """Gemini's cachedContents.create: a named cache of the given contents."""
+        try:
+            body = json.loads(request.body)
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+            return await self._json(conn, request, 400, wire.error_body("gemini", 400), record)
+        texts = prompt_texts("gemini", body)
+        raw = gather_directives(api_key_of(request.headers, request.query), texts, request.headers.get("x-sim"))
+        record.protocol, record.body, record.directives = "gemini", body, raw
+        record.tag, record.model = Directives.from_raw(raw).tag, body["model"].removeprefix("models/")
+        record.completed = True
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        cache = {
+            "name": f"cachedContents/sim{record.id}",
+            "model": body["model"],
+            "createTime": now,
+            "updateTime": now,
+            "expireTime": now,
+            "usageMetadata": {"totalTokenCount": count_words(texts)},
+        }
+        return await self._json(conn, request, 200, cache, record)
 
     async def _whole(self, conn: Connection, request: Request, record: Record,
                      renderer: wire.Renderer, d: Directives) -> bool:

@@ -88,6 +88,19 @@ def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes
         raise GatewayError(ErrorKind.MALFORMED, "The request body is not valid JSON.") from None
 
 
+async def admit(caller: Caller, model: str) -> None:
+    """May this caller use this model now? Raises the refusal if not."""
+    if not caller.allows(model):
+        raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
+    if not await prices.is_priced(model):
+        # Nothing unpriced is ever served: it could not be billed.
+        raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "The model is not available: it has no price yet.")
+    if await balances.exhausted(caller.tenant_id):
+        raise GatewayError(ErrorKind.BALANCE)
+    if caller.has_spend_limit and await key_spend.over_limit(caller.key_id):
+        raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
+
+
 def parse_facts(protocol: Protocol, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
     try:
         return protocol.parse(body, raw, route)
@@ -127,15 +140,7 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             model = body["model"]
         facts = parse_facts(protocol, body, raw, route or {})
-        if not caller.allows(facts.model):
-            raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
-        if not await prices.is_priced(facts.model):
-            # Nothing unpriced is ever served: it could not be billed.
-            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "The model is not available: it has no price yet.")
-        if await balances.exhausted(caller.tenant_id):
-            raise GatewayError(ErrorKind.BALANCE)
-        if caller.has_spend_limit and await key_spend.over_limit(caller.key_id):
-            raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
+        await admit(caller, facts.model)
     except GatewayError as error:
         record_rejection(request_id, protocol, caller, model, error)
         return error_response(protocol, error, request_id)

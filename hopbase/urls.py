@@ -18,6 +18,7 @@ urlpatterns = [
         views.gemini_generate,
     ),
     re_path(rf"^{GEMINI_VERSION}/models$", views.gemini_models),
+    re_path(rf"^{GEMINI_VERSION}/cachedContents$", views.gemini_cached_contents),
     re_path(r"^v1/models/(?P<model>[^/:]+)$", views.model),
     re_path(rf"^{GEMINI_VERSION}/models/(?P<model>[^/:]+)$", views.gemini_model),
     re_path(r"^(?P<version>v1beta|v1alpha)/(?P<rest>.*)$", views.unknown_gemini_path),

@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_pool.selection import directory
-from hopbase import intake
+from hopbase import cached_contents, intake
 from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
 from hopbase.protocols.base import Protocol
 
@@ -47,6 +47,13 @@ async def gemini_generate(request: HttpRequest, version: str, model: str, action
 @csrf_exempt
 async def models(request: HttpRequest) -> HttpResponse:
     return await intake.list_models(request, model_list_protocol(request))
+
+
+@csrf_exempt
+async def gemini_cached_contents(request: HttpRequest, version: str) -> HttpResponse:
+    if request.method != "POST":
+        return intake.unknown_path(GEMINI)
+    return await cached_contents.create(request, version)
 
 
 @csrf_exempt

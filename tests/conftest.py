@@ -51,7 +51,7 @@ SCENARIOS: dict[str, list[tuple[str, str, int]]] = {
     "claude-slow": [("slow", "first_delay=3", 10), ("fast", "ok", 0)],
     "claude-slow-alone": [("slow", "first_delay=1.5", 0)],
     "bad-request": [("strict", "status=400", 10), ("never", "ok", 0)],
-    "affinity-model": [("a", "ok", 0), ("b", "ok", 0)],
+    "affinity-model": [("a", "ok", 0), ("b", "ok-b", 0)],
 }
 
 
@@ -73,6 +73,8 @@ class World:
 
 
 def channel_secret(protocol: str, directives: str) -> str:
+    if directives == "ok-b":
+        return "sk-upstream-b"  # an account of its own, told apart in the simulator's records
     if protocol == "gemini" and directives == "status=401":
         # Gemini refuses a bad key with 400 API_KEY_INVALID (F2).
         directives = "status=400,reason=API_KEY_INVALID"

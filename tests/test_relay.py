@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from billing.models import RequestLog
 from tests.wire import (
     PROTOCOLS,
     call,
@@ -529,3 +530,23 @@ def test_another_tenant_cannot_follow_a_response_it_does_not_own(gateway, world)
         channels.add(wait_for_log(other.headers["x-hopbase-request-id"]).channel_id)
     # Not pinned: the two equal channels share its requests at random.
     assert len(channels) == 2 and owner_channel in channels
+
+
+def test_a_gemini_request_naming_a_cache_goes_to_the_channel_that_holds_it(gateway, world):
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key=world.key, http_options=types.HttpOptions(base_url=gateway.url, api_version="v1beta"))
+    tag = new_tag()
+    cache = client.caches.create(
+        model="affinity-model",
+        config=types.CreateCachedContentConfig(contents=[f"a long shared document [sim tag={tag}]"]),
+    )
+    (created,) = wait_for_records(world.simulator.url, tag)
+    holder = world.channels["gemini-affinity-model-" + ("a" if created["api_key"] == "sk-upstream-secret" else "b")]
+    for _ in range(16):
+        follow = post(gateway, "gemini", world.key, "affinity-model", "and then?", cachedContent=cache.name)
+        assert follow.status_code == 200
+        assert wait_for_log(follow.headers["x-hopbase-request-id"]).channel_id == holder
+    creation = RequestLog.objects.filter(tenant_id=world.tenant_id, channel_id=holder, cache_write_tokens=6)
+    assert creation.exists()  # the creation itself is logged, its tokens billed as cache writes
