@@ -52,8 +52,11 @@ class ApiHandler(ASGIHandler):
             error_response.close()
             return
 
+        produced: list[HttpResponseBase] = []
+
         async def process_request() -> HttpResponseBase:
             response = await self.run_get_response(request)
+            produced.append(response)
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:
@@ -72,8 +75,10 @@ class ApiHandler(ASGIHandler):
                 await task
             except (asyncio.CancelledError, RequestAborted):
                 pass
-        if not processor.cancelled() and processor.exception() is None:
-            processor.result().close()
+        for response in produced:
+            # Also when the client left before a stream was ever read: its
+            # closers let go of the channel and record the request.
+            response.close()
         body_file.close()
 
     def load_middleware(self, is_async: bool = False) -> None:

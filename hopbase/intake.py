@@ -41,6 +41,9 @@ def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpRe
         response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
             reply.chunks, status=reply.status, content_type=reply.content_type
         )
+        if reply.abandon is not None:
+            # Run by response.close(), which the API handler always calls.
+            response._resource_closers.append(reply.abandon)
     else:
         response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
     for name, value in reply.headers.items():

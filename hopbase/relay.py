@@ -20,7 +20,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -62,6 +62,8 @@ class Reply:
     body: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # For a stream: what to do if it is dropped without ever being read.
+    abandon: Callable[[], None] | None = None
 
 
 @dataclass
@@ -341,6 +343,13 @@ class Run:
 
     # -- the end -----------------------------------------------------------
 
+    def abandon(self, committed: Committed) -> None:
+        """The response is being closed. A stream that ran has already let
+        go of its channel and recorded itself; one dropped before it was
+        ever read has not, and does so now (a no-op otherwise)."""
+        self.end_attempt(committed.attempt)
+        self.finish("cancelled")
+
     def error_reply(self, error: GatewayError) -> Reply:
         status, body = self.protocol.error_body(error)
         headers = {}
@@ -418,4 +427,10 @@ async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: Requ
         reply.headers.update(upstream_headers)
         return reply
     content_type = committed.watcher.content_type
-    return Reply(200, content_type, chunks=run.stream(committed), headers={**STREAM_HEADERS, **upstream_headers})
+    return Reply(
+        200,
+        content_type,
+        chunks=run.stream(committed),
+        headers={**STREAM_HEADERS, **upstream_headers},
+        abandon=lambda: run.abandon(committed),
+    )
