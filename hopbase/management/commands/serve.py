@@ -1,0 +1,63 @@
+"""serve [--host H] [--port N] [--workers N]: several Daphne processes on one
+listening socket.
+
+One Daphne process is one event loop on one core. The socket is bound and
+listened on here, with a large backlog, and handed to each worker with
+``daphne --fd``; the kernel spreads new connections over the workers. The
+workers are stateless, so any number can share the port. Stops them all on
+SIGINT or SIGTERM, and stops when any of them dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from types import FrameType
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+BACKLOG = 4096
+
+
+class Command(BaseCommand):
+    help = "Run several Daphne gateway processes sharing one port."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+
+    def handle(self, *args, host: str, port: int, workers: int, **options) -> None:
+        if workers < 1:
+            raise CommandError("--workers must be at least 1")
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as error:
+            raise CommandError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        listener.listen(BACKLOG)
+        fd = listener.fileno()
+        command = [sys.executable, "-m", "daphne", "-v", "0", "--fd", str(fd), "hopbase.asgi:application"]
+        children = [subprocess.Popen(command, pass_fds=[fd]) for _ in range(workers)]
+        self.stdout.write(f"HopBase serving on http://{host}:{port} with {workers} worker(s)")
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            for child in children:
+                if child.poll() is None:
+                    child.terminate()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        try:
+            os.wait()  # the first worker to end (or a signal) ends the service
+        except ChildProcessError:
+            pass
+        finally:
+            stop(signal.SIGTERM, None)
+            for child in children:
+                child.wait()
+            listener.close()
