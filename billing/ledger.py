@@ -23,8 +23,10 @@ def post_entry(
     note: str = "",
 ) -> LedgerEntry:
     # The row lock orders concurrent postings for one tenant, so each entry's
-    # balance_after is the balance right after it.
-    tenant = Tenant.objects.select_for_update().only("balance_usd").get(pk=tenant_id)
+    # balance_after is the balance right after it. FOR NO KEY UPDATE
+    # (PostgreSQL): request logs referring to the tenant can still be
+    # inserted meanwhile.
+    tenant = Tenant.objects.select_for_update(no_key=True).only("balance_usd").get(pk=tenant_id)
     balance_after = tenant.balance_usd + amount_usd
     entry = LedgerEntry.objects.create(
         tenant_id=tenant_id,
@@ -58,7 +60,10 @@ def post_charges(charges: Sequence[tuple[int, Decimal, int]]) -> list[LedgerEntr
     tenant_ids = sorted({tenant_id for tenant_id, _, _ in charges})
     tenants = {
         tenant.pk: tenant
-        for tenant in Tenant.objects.select_for_update().filter(pk__in=tenant_ids).order_by("pk").only("balance_usd")
+        for tenant in Tenant.objects.select_for_update(no_key=True)
+        .filter(pk__in=tenant_ids)
+        .order_by("pk")
+        .only("balance_usd")
     }
     now = timezone.now()
     entries = []

@@ -253,7 +253,9 @@ class Recorder:
             known = last_used.get(item.api_key_id)
             if known is None or item.created_at > known:
                 last_used[item.api_key_id] = item.created_at
-        for key_id, when in last_used.items():
+        # In id order, so that concurrent writers (several workers) cannot
+        # deadlock on each other's keys.
+        for key_id, when in sorted(last_used.items()):
             ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=when).update(last_used_at=when)
 
     def flush(self, timeout: float = 10) -> bool:

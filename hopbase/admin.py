@@ -41,6 +41,15 @@ class TenantAdmin(admin.ModelAdmin):
     def balance(self, tenant: Tenant) -> str:
         return usd_text(tenant.balance_usd)
 
+    def save_model(self, request, obj: Tenant, form, change: bool) -> None:
+        if change:
+            # Only what the form edits: a whole-row save would write back the
+            # balance read at the start of the request over a charge settled
+            # meanwhile (the balance changes only with a ledger entry).
+            obj.save(update_fields=["name", "price_multiplier"])
+        else:
+            super().save_model(request, obj, form, change)
+
     def get_urls(self):
         topup = path(
             "<path:object_id>/topup/",
@@ -126,7 +135,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj: ApiKey, form, change: bool) -> None:
         if change:
-            super().save_model(request, obj, form, change)
+            # Only the editable fields: revocation and last use are written
+            # elsewhere, and a whole-row save would undo them.
+            obj.save(update_fields=["label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd"])
             return
         key, secret = ApiKey.objects.issue(
             obj.tenant,

@@ -327,3 +327,20 @@ def test_big_unfiltered_lists_use_the_planners_estimate(some_rows, monkeypatch):
     monkeypatch.setattr(EstimatedCountPaginator, "estimate_above", 0)
     assert EstimatedCountPaginator(RequestLog.objects.all(), 10).count == 4  # from pg_class
     assert EstimatedCountPaginator(RequestLog.objects.filter(status="failed"), 10).count == 1  # exact
+
+
+@pytest.mark.django_db
+def test_saving_a_tenant_in_the_admin_never_writes_its_balance_back():
+    from django.contrib.admin.sites import site
+
+    from billing.ledger import sum_of_entries, top_up
+    from hopbase.models import Tenant
+
+    tenant = Tenant.objects.create(name="racing")
+    stale = Tenant.objects.get(pk=tenant.pk)  # what the admin read at the start of its request
+    top_up(tenant, Decimal("7"))  # a ledger entry lands meanwhile
+    stale.name = "renamed"
+    site._registry[Tenant].save_model(None, stale, None, change=True)
+    tenant.refresh_from_db()
+    assert (tenant.name, tenant.balance_usd) == ("renamed", Decimal("7"))
+    assert tenant.balance_usd == sum_of_entries(tenant)

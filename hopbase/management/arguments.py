@@ -11,10 +11,12 @@ and a value the database column would round is refused instead.
 
 from __future__ import annotations
 
+import sys
 from decimal import Decimal, InvalidOperation
+from typing import Any, NoReturn
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from hopbase.models import Tenant
 
@@ -98,3 +100,21 @@ def find_tenant(name: str) -> Tenant:
         return Tenant.objects.get(name=name)
     except Tenant.DoesNotExist:
         raise CommandError(f"unknown tenant {name!r}") from None
+
+
+class OperatorCommand(BaseCommand):
+    """A command of the operator contract: a usage mistake (a missing or
+    unknown argument) is one line on stderr and a non-zero exit, like a bad
+    value, not argparse's usage block."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+
+        def one_line(message: str) -> NoReturn:
+            if not parser.called_from_command_line:
+                raise CommandError(f"Error: {message}")
+            sys.stderr.write(f"{subcommand}: {message}\n")
+            sys.exit(2)
+
+        parser.error = one_line  # type: ignore[method-assign]
+        return parser

@@ -7,13 +7,11 @@ a script can read it with ``Decimal`` and lose nothing.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-
 from billing.exports import usd_text
-from hopbase.management.arguments import find_tenant
+from hopbase.management.arguments import OperatorCommand, find_tenant
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Print a tenant's exact balance in USD."
 
     def add_arguments(self, parser) -> None:

@@ -3,14 +3,15 @@ wrong and exit 1."""
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from billing.checks import ledger_problems
 from billing.models import LedgerEntry
+from hopbase.management.arguments import OperatorCommand
 from hopbase.models import Tenant
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Verify every balance against its ledger entries and one charge per settled request log."
 
     def handle(self, *args, **options) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from billing.exports import ENCODERS, export_queryset, export_rows
-from hopbase.management.arguments import find_tenant
+from hopbase.management.arguments import OperatorCommand, find_tenant
 
 
 def parse_moment(text: str, what: str) -> dt.datetime:
@@ -26,7 +26,7 @@ def parse_moment(text: str, what: str) -> dt.datetime:
     return moment
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Export billing rows (one per request log) as CSV or JSON Lines."
 
     def add_arguments(self, parser) -> None:

@@ -7,17 +7,17 @@ before now keep the price they were made under.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.exports import usd_text
 from billing.models import ModelPrice
 from hopbase.forms import parse_model_names
-from hopbase.management.arguments import checked, parse_price
+from hopbase.management.arguments import OperatorCommand, checked, parse_price
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Set a model's price (USD per million tokens) from now on; earlier prices are kept."
 
     def add_arguments(self, parser) -> None:

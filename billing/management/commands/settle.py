@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from billing.settlement import sweep
+from hopbase.management.arguments import OperatorCommand
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Settle every logged request not yet in the ledger."
 
     def handle(self, *args, **options) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
-
 from billing.exports import usd_text
 from billing.ledger import top_up
-from hopbase.management.arguments import find_tenant, parse_usd
+from hopbase.management.arguments import OperatorCommand, find_tenant, parse_usd
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Credit a tenant's balance with a top-up ledger entry."
 
     def add_arguments(self, parser) -> None:

@@ -7,18 +7,24 @@ never echoed.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
-from channels_pool.models import validate_base_url
-from channels_pool.models import Channel, Protocol
+from channels_pool.models import Channel, Protocol, validate_base_url
 from hopbase.forms import parse_required_model_names
-from hopbase.management.arguments import INT_MAX, checked, parse_int, parse_name, parse_optional_positive
+from hopbase.management.arguments import (
+    INT_MAX,
+    OperatorCommand,
+    checked,
+    parse_int,
+    parse_name,
+    parse_optional_positive,
+)
 
 PROTOCOLS = [p.value for p in Protocol]
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Add an upstream channel (a provider account serving some models)."
 
     def add_arguments(self, parser) -> None:

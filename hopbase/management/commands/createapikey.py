@@ -6,14 +6,14 @@ stored: the secret cannot be shown again.
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from hopbase.forms import parse_required_model_names
-from hopbase.management.arguments import checked, find_tenant, parse_optional_positive
+from hopbase.management.arguments import OperatorCommand, checked, find_tenant, parse_optional_positive
 from hopbase.models import ApiKey
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Issue an API key for a tenant; the secret is printed once, on the last line."
 
     def add_arguments(self, parser) -> None:

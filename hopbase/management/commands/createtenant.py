@@ -6,16 +6,16 @@ balance still equals the sum of the tenant's entries (checkledger).
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
 from billing.exports import usd_text
 from billing.ledger import top_up
-from hopbase.management.arguments import parse_name, parse_usd
+from hopbase.management.arguments import OperatorCommand, parse_name, parse_usd
 from hopbase.models import Tenant
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = "Create a tenant, optionally with an opening top-up."
 
     def add_arguments(self, parser) -> None:
