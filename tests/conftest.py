@@ -104,6 +104,16 @@ def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb
         teardown_databases(config, verbosity=0)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_redis():
+    """Limits count by key and channel ids, which a new test database hands
+    out again: start every run with the test Redis database empty."""
+    if settings.REDIS_URL:
+        import redis
+
+        redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
 @pytest.fixture(scope="session")
 def simulator():
     service = start_simulator()

@@ -164,6 +164,10 @@ def test_a_bad_key_is_refused_and_not_logged(gateway, world, protocol, which):
         assert response.json()["error"]["details"][0]["reason"] == "API_KEY_INVALID"
     if protocol in ("chat", "responses"):
         assert response.json()["error"]["code"] == "invalid_api_key"
+    # Logs are written in order: once a later request's log is in, this one's
+    # would be too.
+    later = send(gateway, call(protocol, world.key, "no-such-model", "hi"))
+    assert wait_for_log(later.headers["x-hopbase-request-id"]) is not None
     assert not RequestLog.objects.filter(request_id=response.headers["x-hopbase-request-id"]).exists()
 
 

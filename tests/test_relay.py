@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from billing.models import RequestLog
 from tests.wire import (
@@ -489,6 +490,7 @@ def test_a_stream_committed_by_the_hold_cap_that_never_delivers_costs_nothing(ga
 def test_a_client_that_leaves_before_any_channel_answers_is_not_charged(gateway, world):
     """Waiting for the key's only slot (F8), the client hangs up: nothing
     reached a provider, so the cancelled request costs nothing."""
+    started = timezone.now()
     holder = new_tag()
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(post, gateway, "chat", world.one_at_a_time_key, "sim-model", f"hi [sim tag={holder} first_delay=2]")
@@ -508,7 +510,8 @@ def test_a_client_that_leaves_before_any_channel_answers_is_not_charged(gateway,
     from billing.models import RequestLog
 
     deadline = time.monotonic() + 5
-    while not (log := RequestLog.objects.filter(status="cancelled", attempts=0).order_by("-id").first()):
+    mine = RequestLog.objects.filter(api_key__label="serial", status="cancelled", attempts=0, created_at__gte=started)
+    while not (log := mine.order_by("-id").first()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert (log.input_tokens, log.output_tokens, log.usage_estimated) == (0, 0, True)

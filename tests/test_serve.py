@@ -28,8 +28,9 @@ def test_it_runs_the_workers_on_one_port_and_stops_them_all():
         [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "2"],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # so that a failed test can stop the workers too
     )
     try:
         wait_until_serving(f"http://127.0.0.1:{port}/healthz", service)
@@ -41,4 +42,5 @@ def test_it_runs_the_workers_on_one_port_and_stops_them_all():
         assert not any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text() for pid in workers)
     finally:
         if service.poll() is None:
-            service.kill()
+            os.killpg(service.pid, signal.SIGKILL)
+            service.wait()
