@@ -90,6 +90,9 @@ class RequestLog(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
     upstream_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The tenant's price multiplier when the request was made (null: rows
+    # from before it was recorded, which use the tenant's current one).
+    price_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     charge_usd = models.DecimalField(**USD, null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True, db_index=True)
 

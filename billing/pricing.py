@@ -6,7 +6,8 @@ reaches back to earlier requests however late they settle.
 
 The one rounding rule: every token class is priced exactly (USD per million
 tokens x tokens / 1,000,000), the four amounts are summed, the sum is
-multiplied by the tenant's ``price_multiplier``, and only that final amount
+multiplied by the tenant's ``price_multiplier`` as it was when the request
+was made (``RequestLog.price_multiplier``), and only that final amount
 is rounded, once, to 10 decimal places (``RequestLog.charge_usd`` and the
 ledger hold 10), half up. The arithmetic runs in a decimal context wide
 enough that nothing is rounded before that step.

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
@@ -62,6 +63,7 @@ class Finished:
     ttft_ms: int | None = None
     duration_ms: int = 0
     upstream_status: int | None = None
+    price_multiplier: Decimal | None = None
 
 
 def to_row(item: Finished) -> RequestLog:
@@ -89,6 +91,7 @@ def to_row(item: Finished) -> RequestLog:
         ttft_ms=item.ttft_ms,
         duration_ms=item.duration_ms,
         upstream_status=item.upstream_status,
+        price_multiplier=item.price_multiplier,
     )
 
 

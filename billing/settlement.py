@@ -126,7 +126,7 @@ def _settle_batch(ids: list[int], prices: PriceHistory | None, skip_locked: bool
 
 _LOG_FIELDS = (
     "id", "tenant_id", "created_at", "model", "status", "input_tokens", "output_tokens", "cache_read_tokens",
-    "cache_write_tokens", "tenant__price_multiplier",
+    "cache_write_tokens", "price_multiplier", "tenant__price_multiplier",
 )
 
 
@@ -168,7 +168,8 @@ def _settle_locked(ids: list[int], prices: PriceHistory | None, skip_locked: boo
             outcomes[row.pk] = Outcome.ALREADY
             continue
         try:
-            charge = charge_for(row, prices.at(row.model, row.created_at), row.tenant.price_multiplier)
+            multiplier = row.price_multiplier if row.price_multiplier is not None else row.tenant.price_multiplier
+            charge = charge_for(row, prices.at(row.model, row.created_at), multiplier)
         except Unpriced as error:
             log.warning("request log %s left unsettled: %s", row.pk, error)
             outcomes[row.pk] = Outcome.UNPRICED

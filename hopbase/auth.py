@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -31,6 +32,7 @@ class Caller:
     rpm: int | None
     concurrency: int | None
     has_spend_limit: bool = False
+    price_multiplier: Decimal = Decimal("1")
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -57,6 +59,7 @@ def _load(secret: str) -> Caller | None:
         rpm=key.rpm,
         concurrency=key.concurrency,
         has_spend_limit=key.monthly_limit_usd is not None,
+        price_multiplier=key.tenant.price_multiplier,
     )
 
 

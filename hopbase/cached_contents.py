@@ -101,5 +101,6 @@ def finish(request_id: str, caller: Caller, model: str, channel_id: int | None, 
             channel_id=channel_id,
             attempts=attempts,
             usage=Usage(cache_write_tokens=written, input_reported=True, output_reported=True),
+            price_multiplier=caller.price_multiplier,
         )
     )

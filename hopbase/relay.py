@@ -393,6 +393,7 @@ class Run:
                 ttft_ms=self.ttft_ms,
                 duration_ms=self._elapsed_ms(),
                 upstream_status=self.upstream_status,
+                price_multiplier=self.caller.price_multiplier,
             )
         )
 

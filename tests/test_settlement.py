@@ -125,6 +125,13 @@ class TestSettle:
         log.refresh_from_db()
         assert log.charge_usd == CHARGE / 2
 
+    def test_it_applies_the_multiplier_in_force_when_the_request_was_made(self):
+        tenant, model = funded_tenant(price_multiplier=Decimal("3")), priced_model()
+        log = make_log(tenant, model=model, price_multiplier=Decimal("1"), **PRICED)
+        settle(log.pk)
+        log.refresh_from_db()
+        assert log.charge_usd == CHARGE
+
     def test_a_log_without_a_price_stays_unsettled(self, caplog):
         tenant = funded_tenant()
         log = make_log(tenant, model="nobody-priced-this", **PRICED)
