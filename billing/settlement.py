@@ -162,9 +162,15 @@ def _settle_locked(ids: list[int], prices: PriceHistory | None, skip_locked: boo
         prices = PriceHistory.load({row.model for row in rows if not row.in_ledger})
     charges: dict[int, Decimal] = {}
     postings: list[tuple[int, Decimal, int]] = []
+    charged_already = {
+        entry.request_log_id: -entry.amount_usd
+        for entry in LedgerEntry.objects.filter(request_log__in=[row.pk for row in rows if row.in_ledger])
+    }
     for row in rows:
         if row.in_ledger:
-            # Charged, yet not marked settled: the ledger entry is what counts.
+            # Charged, yet not marked settled: the ledger entry is what counts;
+            # mark the log with it so that sweeps stop coming back to it.
+            charges[row.pk] = charged_already[row.pk]
             outcomes[row.pk] = Outcome.ALREADY
             continue
         try:

@@ -320,6 +320,11 @@ class TestSettleMany:
         assert settle_many([log.pk for log in logs]) == {Outcome.CHARGED: 2, Outcome.ALREADY: 1}
         assert balance(tenant) == Decimal("10") - 3 * CHARGE == entries_total(tenant)
         assert LedgerEntry.objects.filter(request_log=logs[1]).count() == 1
+        # ... and it is marked settled with what the ledger charged, so no
+        # sweep keeps coming back to it.
+        logs[1].refresh_from_db()
+        assert (logs[1].settled_at is not None, logs[1].charge_usd) == (True, CHARGE)
+        assert ledger_problems() == []
 
     def test_charges_are_exact_and_rounded_once_half_up(self):
         plain, scaled = funded_tenant(), funded_tenant(price_multiplier=Decimal("1.2345"))
