@@ -130,6 +130,11 @@ def export_rows(logs: QuerySet[RequestLog], chunk_size: int = CHUNK_SIZE) -> Ite
 
 
 BOOLEAN_COLUMNS = ("stream", "usage_estimated", "settled")
+# Columns whose text comes from outside (a client's model name, operators'
+# names): a spreadsheet would run a cell starting with one of FORMULA_STARTS
+# as a formula, so such a cell is prefixed with an apostrophe in CSV.
+FREE_TEXT_COLUMNS = ("tenant", "model", "channel")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def csv_lines(rows: Iterable[Row]) -> Iterator[str]:
@@ -138,6 +143,7 @@ def csv_lines(rows: Iterable[Row]) -> Iterator[str]:
     writer = csv.writer(buffer, lineterminator="\n")
     pick = operator.itemgetter(*COLUMNS)
     flags = [COLUMNS.index(column) for column in BOOLEAN_COLUMNS]
+    texts = [COLUMNS.index(column) for column in FREE_TEXT_COLUMNS]
 
     def line(values: Iterable[Any]) -> str:
         buffer.seek(0)
@@ -150,6 +156,9 @@ def csv_lines(rows: Iterable[Row]) -> Iterator[str]:
         values = list(pick(row))
         for index in flags:
             values[index] = "true" if values[index] else "false"
+        for index in texts:
+            if values[index].startswith(FORMULA_STARTS):
+                values[index] = "'" + values[index]
         yield line(values)
 
 

@@ -312,3 +312,13 @@ def test_the_list_costs_the_same_queries_for_5_or_60_rows_whatever_the_filter(ad
     many = {name: list_queries(admin_client, **params) for name, params in views.items()}
     assert few == many
     assert max(many.values()) <= 12
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_as_formulas_are_defused():
+    row = {column: "" for column in COLUMNS}
+    row.update(model="=HYPERLINK(\"http://x\")", tenant="acme", channel="-1+1", stream=False, usage_estimated=False, settled=False)
+    header, line = list(csv_lines([row]))
+    values = dict(zip(COLUMNS, next(csv.reader([line]))))
+    assert values["model"] == "'=HYPERLINK(\"http://x\")"
+    assert values["channel"] == "'-1+1"
+    assert values["tenant"] == "acme"

@@ -42,22 +42,30 @@ class Command(BaseCommand):
         listener.listen(BACKLOG)
         fd = listener.fileno()
         command = [sys.executable, "-m", "daphne", "-v", "0", "--fd", str(fd), "hopbase.asgi:application"]
-        children = [subprocess.Popen(command, pass_fds=[fd]) for _ in range(workers)]
-        self.stdout.write(f"HopBase serving on http://{host}:{port} with {workers} worker(s)")
+        children: list[subprocess.Popen] = []
+        asked_to_stop = False
 
         def stop(signum: int, frame: FrameType | None) -> None:
+            nonlocal asked_to_stop
+            asked_to_stop = True
             for child in children:
                 if child.poll() is None:
                     child.terminate()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        children.extend(subprocess.Popen(command, pass_fds=[fd]) for _ in range(workers))
+        self.stdout.write(f"HopBase serving on http://{host}:{port} with {workers} worker(s)")
         try:
             os.wait()  # the first worker to end (or a signal) ends the service
         except ChildProcessError:
             pass
         finally:
+            crashed = not asked_to_stop
             stop(signal.SIGTERM, None)
             for child in children:
                 child.wait()
             listener.close()
+        if crashed:
+            # A supervisor restarting on failure should see one.
+            raise CommandError("a gateway worker exited; all workers stopped")
