@@ -8,11 +8,17 @@ date (midnight UTC) or datetime (UTC when it carries no offset).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Iterable, Iterator
 
 from django.core.management.base import CommandError
+from django.db import transaction
+from django.db.models import QuerySet
 
-from billing.exports import ENCODERS, export_queryset, export_rows
+from billing.exports import ENCODERS, Row, export_queryset, export_rows
+from billing.models import RequestLog
 from hopbase.management.arguments import OperatorCommand, find_tenant
+
+Encoder = Callable[[Iterable[Row]], Iterator[str]]
 
 
 def parse_moment(text: str, what: str) -> dt.datetime:
@@ -46,17 +52,24 @@ class Command(OperatorCommand):
             raise CommandError(f"--format: {options['format']!r} is not one of {', '.join(ENCODERS)}")
         tenant = find_tenant(options["tenant"]) if options["tenant"] is not None else None
 
-        lines = encoder(export_rows(export_queryset(since=since, until=until, tenant=tenant)))
-        if not options["output"]:
+        # One read-only transaction: on PostgreSQL the rows then stream from a
+        # plain server-side cursor, where outside a transaction the server
+        # would build the whole result first (a WITH HOLD cursor).
+        with transaction.atomic():
+            self.export(encoder, export_queryset(since=since, until=until, tenant=tenant), options["output"])
+
+    def export(self, encoder: Encoder, logs: QuerySet[RequestLog], output: str | None) -> None:
+        lines = encoder(export_rows(logs))
+        if not output:
             for line in lines:
                 self.stdout.write(line, ending="")
             return
         count = -1 if encoder is ENCODERS["csv"] else 0  # the CSV header is not a row
         try:
-            with open(options["output"], "w", encoding="utf-8", newline="") as out:
+            with open(output, "w", encoding="utf-8", newline="") as out:
                 for line in lines:
                     out.write(line)
                     count += 1
         except OSError as error:
-            raise CommandError(f"-o: cannot write {options['output']!r}: {error.strerror}") from None
-        self.stdout.write(f"wrote {count} rows to {options['output']}")
+            raise CommandError(f"-o: cannot write {output!r}: {error.strerror}") from None
+        self.stdout.write(f"wrote {count} rows to {output}")
