@@ -28,9 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.utils import timezone
 
 from billing.metering import billable_tokens
 from billing.models import RequestLog
@@ -40,6 +42,9 @@ from billing.tasks import publisher
 from channels_pool import health
 from hopbase.models import ApiKey
 from hopbase.protocols.base import Usage
+
+if TYPE_CHECKING:
+    from hopbase.auth import Caller
 
 log = logging.getLogger("hopbase.requests")
 
@@ -64,6 +69,20 @@ class Finished:
     duration_ms: int = 0
     upstream_status: int | None = None
     price_multiplier: Decimal | None = None
+
+    @classmethod
+    def now(cls, caller: Caller, request_id: str, protocol: str, status: str, **fields: Any) -> Finished:
+        """A request of this caller's that ends now."""
+        return cls(
+            request_id=request_id,
+            created_at=timezone.now(),
+            tenant_id=caller.tenant_id,
+            api_key_id=caller.key_id,
+            protocol=protocol,
+            status=status,
+            price_multiplier=caller.price_multiplier,
+            **fields,
+        )
 
 
 def to_row(item: Finished) -> RequestLog:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 
 from billing.recorder import Finished, recorder
 from channels_pool import affinity
@@ -88,19 +87,12 @@ async def create(request: HttpRequest, version: str) -> HttpResponse:
     return error_response(GEMINI, GatewayError(ErrorKind.ALL_BUSY if busy else ErrorKind.ALL_FAILED), request_id)
 
 
-def finish(request_id: str, caller: Caller, model: str, channel_id: int | None, attempts: int, status: str, written: int) -> None:
+def finish(
+    request_id: str, caller: Caller, model: str, channel_id: int | None, attempts: int, status: str, written: int
+) -> None:
+    usage = Usage(cache_write_tokens=written, input_reported=True, output_reported=True)
     recorder.record(
-        Finished(
-            request_id=request_id,
-            created_at=timezone.now(),
-            tenant_id=caller.tenant_id,
-            api_key_id=caller.key_id,
-            protocol=GEMINI.name,
-            status=status,
-            model=model,
-            channel_id=channel_id,
-            attempts=attempts,
-            usage=Usage(cache_write_tokens=written, input_reported=True, output_reported=True),
-            price_multiplier=caller.price_multiplier,
+        Finished.now(
+            caller, request_id, GEMINI.name, status, model=model, channel_id=channel_id, attempts=attempts, usage=usage
         )
     )

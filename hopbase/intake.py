@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.utils import timezone
 
 from billing.balances import balances, key_spend
 from billing.pricing import prices
@@ -116,18 +115,7 @@ def parse_facts(protocol: Protocol, body: Any, raw: bytes, route: dict[str, str]
 
 
 def record_rejection(request_id: str, protocol: Protocol, caller: Caller, model: str, error: GatewayError) -> None:
-    recorder.record(
-        Finished(
-            request_id=request_id,
-            created_at=timezone.now(),
-            tenant_id=caller.tenant_id,
-            api_key_id=caller.key_id,
-            protocol=protocol.name,
-            status="rejected",
-            model=model,
-            error_kind=error.kind.value,
-        )
-    )
+    recorder.record(Finished.now(caller, request_id, protocol.name, "rejected", model=model, error_kind=error.kind.value))
 
 
 async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] | None = None) -> HttpResponse:
