@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+PROVIDER_ERROR_MESSAGE = "The model provider returned an error. Please retry."
+
 
 class ErrorKind(enum.Enum):
     INVALID_KEY = "invalid_key"
@@ -40,14 +42,16 @@ MESSAGES = {
     ErrorKind.UNKNOWN_PATH: "Unknown request URL.",
     ErrorKind.ALL_BUSY: "All model providers are overloaded right now. Please retry shortly.",
     ErrorKind.ALL_FAILED: "The model providers could not complete the request. Please retry.",
-    ErrorKind.STREAM_BUSY: "The model provider returned an error. Please retry.",
-    ErrorKind.STREAM_FAILED: "The model provider returned an error. Please retry.",
+    ErrorKind.STREAM_BUSY: PROVIDER_ERROR_MESSAGE,
+    ErrorKind.STREAM_FAILED: PROVIDER_ERROR_MESSAGE,
 }
 
 STALLED_MESSAGE = "Upstream stopped responding mid-stream"
 INTERRUPTED_MESSAGE = "Response stream interrupted, please retry"
 UPSTREAM_REJECTED_MESSAGE = "The model provider rejected the request as invalid."
 RETRY_AFTER_CAP = 60
+# Errors a retry cannot mend: clients are told so (``x-should-retry: false``).
+FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE}
 
 
 class GatewayError(Exception):

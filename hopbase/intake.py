@@ -20,7 +20,7 @@ from channels_pool.selection import directory
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.errors import ErrorKind, GatewayError
 from hopbase.protocols.base import Protocol, RequestFacts, dumps
-from hopbase.relay import Reply, new_request_id, relay
+from hopbase.relay import Reply, error_reply, new_request_id, relay
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
 # Requests with an unknown key are counted (per process), not logged (P8).
@@ -52,14 +52,7 @@ def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpRe
 
 
 def error_response(protocol: Protocol, error: GatewayError, request_id: str) -> HttpResponse:
-    status, body = protocol.error_body(error)
-    response = HttpResponse(body, status=status, content_type="application/json")
-    if error.retry_after is not None:
-        response["retry-after"] = str(error.retry_after)
-    if error.kind in (ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE):
-        response["x-should-retry"] = "false"
-    response[REQUEST_ID_HEADER] = request_id
-    return response
+    return to_response(error_reply(protocol, error), request_id)
 
 
 async def identify(request: HttpRequest, headers: dict[str, str]) -> Caller | None:

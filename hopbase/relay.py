@@ -33,7 +33,9 @@ from channels_pool.selection import ChannelInfo, directory
 from channels_pool.upstream import END, OPENED, PROGRESS, TIMEOUT, Attempt
 from hopbase.auth import Caller
 from hopbase.errors import (
+    FINAL,
     INTERRUPTED_MESSAGE,
+    PROVIDER_ERROR_MESSAGE,
     STALLED_MESSAGE,
     UPSTREAM_REJECTED_MESSAGE,
     ErrorKind,
@@ -45,7 +47,6 @@ from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, 
 from hopbase.sse import Event
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-GENERIC_STREAM_ERROR = "The model provider returned an error. Please retry."
 log = logging.getLogger("hopbase.relay")
 
 
@@ -64,6 +65,17 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     # For a stream: what to do if it is dropped without ever being read.
     abandon: Callable[[], None] | None = None
+
+
+def error_reply(protocol: Protocol, error: GatewayError) -> Reply:
+    """One of HopBase's own errors, in the protocol's format (table E)."""
+    status, body = protocol.error_body(error)
+    headers = {}
+    if error.retry_after is not None:
+        headers["retry-after"] = str(error.retry_after)
+    if error.kind in FINAL:
+        headers["x-should-retry"] = "false"
+    return Reply(status, "application/json", body=body, headers=headers)
 
 
 @dataclass
@@ -97,6 +109,7 @@ class Run:
         # billed for its output, and a failure is an interruption, not a
         # failure before the first token (which costs nothing).
         self.content_seen = False
+        self.committed = False  # the request belongs to self.channel now (M1)
 
     # -- the hold (F1–F7) ------------------------------------------------
 
@@ -123,6 +136,7 @@ class Run:
                 self.end_attempt(attempt)
                 raise
             if isinstance(outcome, Committed):
+                self.committed = True
                 return outcome
             self.end_attempt(attempt)
             if not outcome.channel_fault:
@@ -257,7 +271,7 @@ class Run:
                 if isinstance(item, UpstreamFailure) or item is END:
                     status, failure = self._ended_early(item, attempt)
                     if failure.busy:
-                        yield watcher.stream_error(ErrorKind.STREAM_BUSY, GENERIC_STREAM_ERROR)
+                        yield watcher.stream_error(ErrorKind.STREAM_BUSY, PROVIDER_ERROR_MESSAGE)
                     else:
                         yield watcher.stream_error(ErrorKind.STREAM_FAILED, INTERRUPTED_MESSAGE)
                     return
@@ -296,7 +310,7 @@ class Run:
         if mark & Mark.ERROR:
             self.error_kind = "error_event"
             kind = ErrorKind.STREAM_BUSY if watcher.busy_error else ErrorKind.STREAM_FAILED
-            return watcher.stream_error(kind, GENERIC_STREAM_ERROR), self._cut_short("interrupted")
+            return watcher.stream_error(kind, PROVIDER_ERROR_MESSAGE), self._cut_short("interrupted")
         if mark & Mark.DROP:
             return b"", None
         if mark & (Mark.CONTENT | Mark.TERMINAL) and not self.content_seen:
@@ -351,11 +365,7 @@ class Run:
         self.finish("cancelled")
 
     def error_reply(self, error: GatewayError) -> Reply:
-        status, body = self.protocol.error_body(error)
-        headers = {}
-        if error.retry_after is not None:
-            headers["retry-after"] = str(error.retry_after)
-        return Reply(status, "application/json", body=body, headers=headers)
+        return error_reply(self.protocol, error)
 
     def _elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -366,8 +376,10 @@ class Run:
         self.finished = True
         if self.holds_key_slot:
             limits.release_key(self.caller.key_id)
-        if status in ("stalled", "interrupted", "failed") and self.channel is not None:
-            # A channel committed to (M1) that then let the request down.
+        if self.committed and status in ("stalled", "interrupted", "failed") and self.channel is not None:
+            # A channel committed to (M1) that then let the request down; a
+            # failure before that was counted by the hold, and a request the
+            # channel rightly refused (a 400) is no failure of the channel's.
             board.failed(self.channel.id, self.error_kind)
         watcher = self.watcher
         if status == "completed" and watcher is not None and watcher.state_id and self.channel is not None:

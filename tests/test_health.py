@@ -124,3 +124,23 @@ def test_a_failing_channel_is_skipped_then_retried_after_its_cooldown(breaker_ga
     time.sleep(1.1)  # the cool-down itself is what is tested
     tag, attempts = ask()
     assert attempts == 2  # half-open: tried again, failed, then the good one
+
+
+@pytest.mark.gateway
+@pytest.mark.usefixtures("committed_db")
+def test_a_channel_that_rightly_refuses_a_bad_request_is_not_marked_failing(gateway, world):
+    request = call("chat", world.key, "bad-request", "hi")
+    refused = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers)
+    assert refused.status_code == 400
+    # Health is written after each batch of logs, in order: once a later
+    # request's success shows in health, the refusal's effect would too.
+    good = world.channels["openai-failover-http-good"]
+    before = ChannelHealth.objects.filter(channel_id=good).values_list("successes", flat=True).first() or 0
+    later = call("chat", world.key, "failover-http", "hi")
+    assert httpx.post(gateway.url + later.path, json=later.body, headers=later.headers).status_code == 200
+    deadline = time.monotonic() + 5
+    while not ChannelHealth.objects.filter(channel_id=good, successes__gt=before).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    strict = world.channels["openai-bad-request-strict"]
+    assert not ChannelHealth.objects.filter(channel_id=strict, failures__gt=0).exists()
