@@ -6,7 +6,6 @@ stalls, mid-stream errors and cuts (M2–M6), cancellation (B1), affinity (P9).
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from tests.wire import (
     PROTOCOLS,
     call,
     channel_protocol,
+    open_raw,
     sent_bytes,
     strip_keepalives,
     wait_for_log,
@@ -134,21 +134,8 @@ def test_streams_are_never_compressed_and_close_after_the_terminal_event(gateway
 
 def test_no_byte_reaches_the_client_before_the_first_content_token(gateway, world):
     tag = new_tag()
-    body = json.dumps(
-        {
-            "model": "sim-model",
-            "max_tokens": 100,
-            "stream": True,
-            "messages": [{"role": "user", "content": f"hi [sim tag={tag} tokens=3 first_delay=1]"}],
-        }
-    ).encode()
-    head = (
-        f"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"x-api-key: {world.key}\r\nanthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
-        sock.sendall(head + body)
+    request = call("messages", world.key, "sim-model", f"hi [sim tag={tag} tokens=3 first_delay=1]")
+    with open_raw(gateway.port, request) as sock:
         first = sock.recv(65536)
         first_byte_at = time.time()
         received = first
@@ -421,15 +408,7 @@ def test_a_client_that_hangs_up_while_nothing_flows_stops_the_model(gateway, wor
     tag = new_tag()
     directive = "first_delay=3" if moment == "hold" else "tokens=5 stall_after=1"
     request = call("chat", world.key, "sim-model", f"hi [sim tag={tag} {directive}]")
-    sock = socket.create_connection(("127.0.0.1", gateway.port))
-    body = json.dumps(request.body).encode()
-    sock.sendall(
-        (
-            f"POST {request.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {world.key}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        + body
-    )
+    sock = open_raw(gateway.port, request)
     wait_for_records(world.simulator.url, tag)
     if moment == "keepalive gap":
         received = b""
@@ -496,15 +475,7 @@ def test_a_client_that_leaves_before_any_channel_answers_is_not_charged(gateway,
         first = pool.submit(post, gateway, "chat", world.one_at_a_time_key, "sim-model", f"hi [sim tag={holder} first_delay=2]")
         wait_for_records(world.simulator.url, holder)  # the key's slot is taken
         request = call("chat", world.one_at_a_time_key, "sim-model", "a long question " * 200, stream=False)
-        body = json.dumps(request.body).encode()
-        with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
-            sock.sendall(
-                (
-                    f"POST {request.path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Authorization: Bearer {world.one_at_a_time_key}\r\nContent-Length: {len(body)}\r\n\r\n"
-                ).encode()
-                + body
-            )
+        with open_raw(gateway.port, request):
             time.sleep(0.3)  # nothing to observe: the request is waiting inside the gateway
         assert first.result().status_code == 200
     from billing.models import RequestLog

@@ -4,7 +4,9 @@ for tests that care about exact bytes rather than what an SDK makes of them."""
 from __future__ import annotations
 
 import base64
+import json
 import re
+import socket
 import time
 from dataclasses import dataclass
 
@@ -88,3 +90,17 @@ def wait_for_log(request_id: str, timeout: float = 5):
         if row is not None or time.monotonic() > deadline:
             return row
         time.sleep(0.02)
+
+
+def open_raw(port: int, request: Call) -> socket.socket:
+    """Send a request on a bare socket and hand it back, unread: for tests
+    that watch the first byte or hang up at a chosen moment."""
+    body = json.dumps(request.body).encode()
+    head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        f"POST {request.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{head}"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    return sock
