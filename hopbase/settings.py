@@ -67,27 +67,22 @@ SQLITE_OPTIONS = {
 }
 
 
+def sqlite_database(path: str | Path, test_path: str | Path) -> dict:
+    # The test database is a file, not memory: tests run the gateway as a
+    # separate process.
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": SQLITE_OPTIONS, "TEST": {"NAME": test_path}}
+
+
 def database_from_url(name: str, url: str | None) -> dict:
     """SQLite file when unset; PostgreSQL (psycopg 3) for postgres:// URLs."""
     if not url:
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": BASE_DIR / "db.sqlite3",
-            "OPTIONS": SQLITE_OPTIONS,
-            # A file, not memory: tests run the gateway as a separate process.
-            "TEST": {"NAME": BASE_DIR / "var" / "test.sqlite3"},
-        }
+        return sqlite_database(BASE_DIR / "db.sqlite3", BASE_DIR / "var" / "test.sqlite3")
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         path = unquote(parts.path)
         if not path or path == "/":
             raise ImproperlyConfigured(f"{name}={url!r} names no SQLite file")
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": path,
-            "OPTIONS": SQLITE_OPTIONS,
-            "TEST": {"NAME": path + "-test"},
-        }
+        return sqlite_database(path, path + "-test")
     if parts.scheme not in ("postgres", "postgresql"):
         raise ImproperlyConfigured(
             f"{name}={url!r}: unknown database scheme {parts.scheme!r} "
