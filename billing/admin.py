@@ -22,14 +22,22 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    StreamingHttpResponse,
+)
 from django.urls import path
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed, usd_text
+from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed
 from billing.models import LedgerEntry, ModelPrice, RequestLog
-from hopbase.forms import parse_model_names
+from core.model_names import parse_model_names
+from core.money import usd_text
+from core.vocabulary import ApiName
 
 PRICE_FIELDS = (
     "input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok",
@@ -139,9 +147,7 @@ class ProtocolFilter(admin.SimpleListFilter):
     parameter_name = "protocol"
 
     def lookups(self, request, model_admin):
-        from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
-
-        return [(p.name, p.name) for p in (CHAT, RESPONSES, MESSAGES, GEMINI)]
+        return [(name.value, name.value) for name in ApiName]
 
     def queryset(self, request, queryset):
         return queryset.filter(protocol=self.value()) if self.value() else queryset

@@ -4,7 +4,7 @@ gate* -> relay).
 A tenant whose ``balance_usd`` is zero or less is refused (table E, balance
 exhausted). The intake asks ``await balances.exhausted(tenant_id)``,
 answered from the set of exhausted tenant ids, loaded in one query for all
-tenants and trusted for HOPBASE_CONFIG_TTL seconds (billing.snapshots). So a
+tenants and trusted for HOPBASE_CONFIG_TTL seconds (core.snapshots). So a
 tenant is refused within the TTL after the settlement that emptied its
 balance, and served again within the TTL after a top-up. Balances move only
 at settlement, after the request, so a tenant can overspend by what its
@@ -20,7 +20,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import RequestLog
-from billing.snapshots import Snapshot
+from core.snapshots import Snapshot
 from hopbase.models import ApiKey, Tenant
 
 

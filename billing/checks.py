@@ -23,8 +23,8 @@ from django.db import connection, transaction
 from django.db.models import DecimalField, F, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
-from billing.exports import usd_text
 from billing.models import USD, LedgerEntry, RequestLog
+from core.money import usd_text
 from hopbase.models import Tenant
 
 CHUNK_SIZE = 2000

@@ -22,9 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from billing.exports import usd_text
 from billing.models import RequestLog
-from billing.pricing import CHARGE_QUANTUM
+from core.money import CHARGE_QUANTUM, usd_text
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366

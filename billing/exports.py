@@ -28,13 +28,13 @@ import itertools
 import json
 import operator
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from decimal import Decimal
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
 from billing.models import RequestLog
+from core.money import usd_text
 from hopbase.models import Tenant
 
 COLUMNS = (
@@ -45,20 +45,6 @@ COLUMNS = (
 CHUNK_SIZE = 2000
 
 Row = dict[str, Any]
-
-
-def usd_text(amount: Decimal) -> str:
-    """An exact amount with at least two decimals and no padding beyond the
-    last significant digit: 12.5000000000 -> '12.50', 0.0001230000 ->
-    '0.000123', 7 -> '7.00', 0 -> '0.00'. Never rounds and never uses an
-    exponent, so ``Decimal(usd_text(x)) == x``."""
-    if not amount.is_finite():
-        raise ValueError(f"not an amount: {amount}")
-    if amount.is_zero():
-        amount = Decimal(0)  # no "-0.00"
-    # Text, not normalize(): normalize() rounds to the context's 28 digits.
-    whole, _, fraction = f"{amount:f}".partition(".")
-    return f"{whole}.{fraction.rstrip('0').ljust(2, '0')}"
 
 
 def export_queryset(

@@ -13,39 +13,21 @@ tokens, which are billed at their own prices; thinking is part of output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hopbase.protocols.base import Usage
-
-CHARS_PER_TOKEN = 4
-CUT_SHORT = {"cancelled", "stalled", "interrupted"}
-UNBILLED = {"failed", "rejected"}
+from core.usage import Usage, estimate_tokens
+from core.vocabulary import RequestStatus
 
 
-@dataclass(frozen=True)
-class Billable:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    thinking_tokens: int = 0
-    estimated: bool = False
-
-
-def estimate_tokens(chars: int) -> int:
-    return -(-chars // CHARS_PER_TOKEN)
-
-
-def billable_tokens(status: str, usage: Usage, prompt_chars: int, sent_chars: int) -> Billable:
-    if status in UNBILLED:
-        return Billable()
-    cut_short = status in CUT_SHORT
-    if not cut_short and usage.input_reported and usage.output_reported:
-        return Billable(
+def billable_tokens(status: RequestStatus | str, usage: Usage, prompt_chars: int, sent_chars: int) -> Usage:
+    status = RequestStatus(status)
+    if not status.billed:
+        return Usage()
+    if not status.cut_short and usage.input_reported and usage.output_reported:
+        return Usage(
             usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens
         )
     input_tokens = usage.input_tokens if usage.input_reported else estimate_tokens(prompt_chars)
     output_tokens = max(usage.output_tokens if usage.output_reported else 0, estimate_tokens(sent_chars))
-    return Billable(
-        input_tokens, output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens, True
+    return Usage(
+        input_tokens, output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens,
+        estimated=True,
     )

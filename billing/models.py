@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_pool.models import Channel
+from core.vocabulary import RequestStatus
 from hopbase.models import ApiKey, Tenant
 
 USD = {"max_digits": 20, "decimal_places": 10}
@@ -57,13 +58,7 @@ class ModelPrice(models.Model):
 
 
 class RequestLog(models.Model):
-    class Status(models.TextChoices):
-        COMPLETED = "completed"
-        CANCELLED = "cancelled"
-        STALLED = "stalled"
-        INTERRUPTED = "interrupted"
-        FAILED = "failed"
-        REJECTED = "rejected"
+    Status = RequestStatus
 
     request_id = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -103,20 +98,23 @@ class RequestLog(models.Model):
             models.Index(fields=["status", "-created_at"], name="log_status_time"),
         ]
         constraints = [
-            models.CheckConstraint(condition=Q(status__in=["completed", "cancelled", "stalled", "interrupted", "failed", "rejected"]), name="log_status_known"),
+            models.CheckConstraint(condition=Q(status__in=RequestStatus.values), name="log_status_known"),
         ]
 
     def __str__(self) -> str:
         return self.request_id
 
 
+class LedgerKind(models.TextChoices):
+    TOPUP = "topup"
+    CHARGE = "charge"
+    ADJUSTMENT = "adjustment"
+
+
 class LedgerEntry(models.Model):
     """Append-only: a mistake is corrected by an adjustment, never an edit."""
 
-    class Kind(models.TextChoices):
-        TOPUP = "topup"
-        CHARGE = "charge"
-        ADJUSTMENT = "adjustment"
+    Kind = LedgerKind
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="ledger_entries")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -134,7 +132,7 @@ class LedgerEntry(models.Model):
         verbose_name_plural = "ledger entries"
         ordering = ["-created_at", "-id"]
         constraints = [
-            models.CheckConstraint(condition=Q(kind__in=["topup", "charge", "adjustment"]), name="ledger_kind_known"),
+            models.CheckConstraint(condition=Q(kind__in=LedgerKind.values), name="ledger_kind_known"),
             models.CheckConstraint(
                 condition=~Q(kind="charge") | (Q(request_log__isnull=False) & Q(amount_usd__lte=0)),
                 name="charge_has_log_and_is_debit",

@@ -22,17 +22,16 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 from collections.abc import Callable, Iterable
-from decimal import ROUND_HALF_UP, Decimal, localcontext
+from decimal import Decimal, localcontext
 
 from django.utils import timezone
 
-from billing.metering import UNBILLED
 from billing.models import ModelPrice, RequestLog
-from billing.snapshots import Snapshot
+from core.money import CHARGE_QUANTUM, round_charge
+from core.snapshots import Snapshot
+from core.vocabulary import RequestStatus
 
 MILLION = Decimal(1_000_000)
-# RequestLog.charge_usd and LedgerEntry.amount_usd have decimal_places=10.
-CHARGE_QUANTUM = Decimal("1E-10")
 # Tokens (up to 20 digits) x prices (14 digits) x multiplier (8 digits) fits
 # well inside 60 significant digits: no intermediate rounding.
 PRECISION = 60
@@ -47,7 +46,7 @@ def charge_for(log: RequestLog, price: ModelPrice | None, multiplier: Decimal) -
     docstring). Failed and rejected requests, and requests without tokens,
     cost nothing and need no price; otherwise a missing price raises
     ``Unpriced``. ``output_tokens`` already includes thinking (metering)."""
-    if log.status in UNBILLED:
+    if not RequestStatus(log.status).billed:
         return Decimal(0).quantize(CHARGE_QUANTUM)
     tokens = (log.input_tokens, log.output_tokens, log.cache_read_tokens, log.cache_write_tokens)
     if not any(tokens):
@@ -62,7 +61,7 @@ def charge_for(log: RequestLog, price: ModelPrice | None, multiplier: Decimal) -
         context.prec = PRECISION
         amount = sum((Decimal(count) * rate for count, rate in zip(tokens, rates, strict=True)), Decimal(0))
         amount = amount * Decimal(multiplier) / MILLION
-        return amount.quantize(CHARGE_QUANTUM, rounding=ROUND_HALF_UP)
+        return round_charge(amount)
 
 
 def price_at(model: str, at: dt.datetime) -> ModelPrice | None:
@@ -112,7 +111,7 @@ def load_priced_models() -> frozenset[str]:
 class PriceBook:
     """Which models are priced, for the hot path: ``await
     prices.is_priced(model)``. A new price (or one whose ``effective_from``
-    arrives) is seen within HOPBASE_CONFIG_TTL seconds (billing.snapshots)."""
+    arrives) is seen within HOPBASE_CONFIG_TTL seconds (core.snapshots)."""
 
     def __init__(self, loader: Callable[[], frozenset[str]] = load_priced_models) -> None:
         self._snapshot: Snapshot[frozenset[str]] = Snapshot(loader)

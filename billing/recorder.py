@@ -28,23 +28,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
-from django.utils import timezone
+from django.db import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 
 from billing.metering import billable_tokens
 from billing.models import RequestLog
 from billing.settlement import SWEEP_DELAY, sweep
-from billing.snapshots import refresh_connection
 from billing.tasks import publisher
 from channels_pool import health
+from core.snapshots import refresh_connection
+from core.usage import Usage
+from core.vocabulary import ApiName, RequestStatus
 from hopbase.models import ApiKey
-from hopbase.protocols.base import Usage
-
-if TYPE_CHECKING:
-    from hopbase.auth import Caller
 
 log = logging.getLogger("hopbase.requests")
 
@@ -55,8 +57,8 @@ class Finished:
     created_at: datetime
     tenant_id: int
     api_key_id: int
-    protocol: str
-    status: str
+    protocol: ApiName
+    status: RequestStatus
     model: str = ""
     stream: bool = False
     channel_id: int | None = None
@@ -69,20 +71,6 @@ class Finished:
     duration_ms: int = 0
     upstream_status: int | None = None
     price_multiplier: Decimal | None = None
-
-    @classmethod
-    def now(cls, caller: Caller, request_id: str, protocol: str, status: str, **fields: Any) -> Finished:
-        """A request of this caller's that ends now."""
-        return cls(
-            request_id=request_id,
-            created_at=timezone.now(),
-            tenant_id=caller.tenant_id,
-            api_key_id=caller.key_id,
-            protocol=protocol,
-            status=status,
-            price_multiplier=caller.price_multiplier,
-            **fields,
-        )
 
 
 def to_row(item: Finished) -> RequestLog:

@@ -39,10 +39,11 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from billing.exports import usd_text, utc_iso
+from billing.exports import utc_iso
 from billing.models import RequestLog
-from billing.snapshots import refresh_connection
-from hopbase.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError
+from core.money import usd_text
+from core.snapshots import refresh_connection
 from hopbase.intake import REQUEST_ID_HEADER, client_headers, error_response, identify
 from hopbase.models import Tenant
 from hopbase.protocols import CHAT

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from channels_pool.models import Channel
-from hopbase.forms import ModelListField
+from core.model_names import ModelListField
 
 
 class ChannelForm(forms.ModelForm):

@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.vocabulary import WireProtocol
+
 BASE_URL_MAX_LENGTH = 500
 
 
@@ -37,12 +39,6 @@ def validate_base_url(value: str) -> str:
     return url
 
 
-class Protocol(models.TextChoices):
-    OPENAI = "openai", "OpenAI (Chat Completions and Responses)"
-    ANTHROPIC = "anthropic", "Anthropic Messages"
-    GEMINI = "gemini", "Gemini"
-
-
 class ChannelQuerySet(models.QuerySet):
     def enabled(self) -> ChannelQuerySet:
         return self.filter(enabled=True)
@@ -55,7 +51,7 @@ class ChannelQuerySet(models.QuerySet):
 
 class Channel(models.Model):
     name = models.CharField(max_length=100, unique=True)
-    protocol = models.CharField(max_length=16, choices=Protocol.choices)
+    protocol = models.CharField(max_length=16, choices=WireProtocol.choices)
     base_url = models.CharField(
         max_length=BASE_URL_MAX_LENGTH,
         validators=[validate_base_url],
@@ -74,7 +70,7 @@ class Channel(models.Model):
     class Meta:
         ordering = ["-priority", "name"]
         constraints = [
-            models.CheckConstraint(condition=Q(protocol__in=Protocol.values), name="channel_protocol_known"),
+            models.CheckConstraint(condition=Q(protocol__in=WireProtocol.values), name="channel_protocol_known"),
             models.CheckConstraint(condition=Q(weight__gt=0), name="channel_weight_positive"),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gt=0),

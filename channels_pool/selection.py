@@ -2,7 +2,7 @@
 
 Enabled channels of the request's protocol that serve the model, higher
 priority first, weighted random order within a priority. The channel table
-is read at most once per HOPBASE_CONFIG_TTL per process (billing.snapshots).
+is read at most once per HOPBASE_CONFIG_TTL per process (core.snapshots).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from billing.snapshots import Snapshot
 from channels_pool.models import Channel
+from core.snapshots import Snapshot
 
 
 @dataclass(frozen=True)

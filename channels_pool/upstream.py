@@ -20,8 +20,8 @@ from django.conf import settings
 
 log = logging.getLogger("hopbase.upstream")
 
-from hopbase.errors import UpstreamFailure
-from hopbase.sse import Event, EventSplitter
+from core.errors import UpstreamFailure
+from core.sse import Event, EventSplitter
 
 MAX_ERROR_BODY = 64 * 1024
 RELEASE_GRACE_SECONDS = 5

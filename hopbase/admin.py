@@ -19,8 +19,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from billing.exports import usd_text
 from billing.ledger import top_up
+from core.money import usd_text
 from hopbase.forms import ApiKeyForm, TopUpForm
 from hopbase.models import ApiKey, Tenant
 

@@ -12,7 +12,7 @@ class HopbaseConfig(AppConfig):
         # Django closes stale database connections around every request, in
         # its one sync thread. The API handler (hopbase.asgi.ApiHandler)
         # touches the database only from pool threads that refresh their own
-        # connections (billing.snapshots), so the per-request hand-off to
+        # connections (core.snapshots), so the per-request hand-off to
         # that thread is kept for the admin's handler alone.
         for signal in (signals.request_started, signals.request_finished):
             signal.disconnect(close_old_connections)

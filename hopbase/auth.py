@@ -11,11 +11,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.utils import timezone
 
-from billing.snapshots import refresh_connection
+from billing.recorder import Finished
+from core.snapshots import refresh_connection
+from core.vocabulary import ApiName, RequestStatus
 from hopbase.models import ApiKey, hash_secret
 
 # Bound the cache so a flood of random keys cannot grow it without limit.
@@ -36,6 +40,19 @@ class Caller:
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+    def finished(self, request_id: str, api: ApiName, status: RequestStatus, **fields: Any) -> Finished:
+        """The record of a request of this caller's that ends now."""
+        return Finished(
+            request_id=request_id,
+            created_at=timezone.now(),
+            tenant_id=self.tenant_id,
+            api_key_id=self.key_id,
+            protocol=api,
+            status=status,
+            price_multiplier=self.price_multiplier,
+            **fields,
+        )
 
 
 def key_from_request(headers: dict[str, str], query_key: str | None) -> str | None:

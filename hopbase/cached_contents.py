@@ -13,13 +13,20 @@ import httpx
 import orjson
 from django.http import HttpRequest, HttpResponse
 
-from billing.recorder import Finished, recorder
+from billing.recorder import recorder
 from channels_pool import affinity
 from channels_pool.health import board
 from channels_pool.selection import directory
 from channels_pool.upstream import client
+from core.errors import (
+    UPSTREAM_REJECTED_MESSAGE,
+    ErrorKind,
+    GatewayError,
+    UpstreamFailure,
+)
+from core.usage import Usage
+from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
-from hopbase.errors import UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
 from hopbase.intake import (
     REQUEST_ID_HEADER,
     admit,
@@ -30,7 +37,6 @@ from hopbase.intake import (
     record_rejection,
 )
 from hopbase.protocols import GEMINI
-from hopbase.protocols.base import Usage
 from hopbase.relay import new_request_id
 
 
@@ -47,7 +53,7 @@ async def create(request: HttpRequest, version: str) -> HttpResponse:
             raise GatewayError(ErrorKind.MALFORMED, "`model` is required and must be a string.")
         model = body["model"].removeprefix("models/")
         await admit(caller, model)
-        candidates = board.arrange(await directory.candidates(GEMINI.channel_protocol, model))
+        candidates = board.arrange(await directory.candidates(GEMINI.wire, model))
         if not candidates:
             raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
     except GatewayError as error:
@@ -92,7 +98,7 @@ def finish(
 ) -> None:
     usage = Usage(cache_write_tokens=written, input_reported=True, output_reported=True)
     recorder.record(
-        Finished.now(
-            caller, request_id, GEMINI.name, status, model=model, channel_id=channel_id, attempts=attempts, usage=usage
+        caller.finished(
+            request_id, GEMINI.name, RequestStatus(status), model=model, channel_id=channel_id, attempts=attempts, usage=usage
         )
     )

@@ -15,11 +15,12 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from billing.balances import balances, key_spend
 from billing.pricing import prices
-from billing.recorder import Finished, recorder
+from billing.recorder import recorder
 from channels_pool.selection import directory
+from core.errors import ErrorKind, GatewayError
+from core.vocabulary import RequestStatus
 from hopbase.auth import Caller, key_from_request, keys
-from hopbase.errors import ErrorKind, GatewayError
-from hopbase.protocols.base import Protocol, RequestFacts, dumps
+from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.relay import Reply, error_reply, new_request_id, relay
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
@@ -51,7 +52,7 @@ def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpRe
     return response
 
 
-def error_response(protocol: Protocol, error: GatewayError, request_id: str) -> HttpResponse:
+def error_response(protocol: Api, error: GatewayError, request_id: str) -> HttpResponse:
     return to_response(error_reply(protocol, error), request_id)
 
 
@@ -96,7 +97,7 @@ async def admit(caller: Caller, model: str) -> None:
         raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
 
 
-def parse_facts(protocol: Protocol, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
+def parse_facts(protocol: Api, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
     try:
         return protocol.parse(body, raw, route)
     except GatewayError:
@@ -107,11 +108,11 @@ def parse_facts(protocol: Protocol, body: Any, raw: bytes, route: dict[str, str]
         raise GatewayError(ErrorKind.MALFORMED, "The request body has an unexpected shape.") from None
 
 
-def record_rejection(request_id: str, protocol: Protocol, caller: Caller, model: str, error: GatewayError) -> None:
-    recorder.record(Finished.now(caller, request_id, protocol.name, "rejected", model=model, error_kind=error.kind.value))
+def record_rejection(request_id: str, protocol: Api, caller: Caller, model: str, error: GatewayError) -> None:
+    recorder.record(caller.finished(request_id, protocol.name, RequestStatus.REJECTED, model=model, error_kind=error.kind.value))
 
 
-async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] | None = None) -> HttpResponse:
+async def serve(request: HttpRequest, protocol: Api, route: dict[str, str] | None = None) -> HttpResponse:
     """Serve one generation request in ``protocol``."""
     request_id = new_request_id()
     headers = client_headers(request)
@@ -132,7 +133,7 @@ async def serve(request: HttpRequest, protocol: Protocol, route: dict[str, str] 
     return to_response(reply, request_id)
 
 
-async def list_models(request: HttpRequest, protocol: Protocol, model: str | None = None) -> HttpResponse:
+async def list_models(request: HttpRequest, protocol: Api, model: str | None = None) -> HttpResponse:
     """P5: the models this key may use, in the SDK's list shape; or one of
     them, as the SDK's model lookup shows it."""
     request_id = new_request_id()
@@ -142,7 +143,7 @@ async def list_models(request: HttpRequest, protocol: Protocol, model: str | Non
         return error_response(protocol, GatewayError(ErrorKind.INVALID_KEY), request_id)
     if request.method != "GET":
         return error_response(protocol, GatewayError(ErrorKind.METHOD_NOT_ALLOWED), request_id)
-    models = [m for m in await directory.models(protocol.channel_protocol) if caller.allows(m)]
+    models = [m for m in await directory.models(protocol.wire) if caller.allows(m)]
     if model is None:
         body = protocol.models_body(models)
     elif model in models:
@@ -154,5 +155,5 @@ async def list_models(request: HttpRequest, protocol: Protocol, model: str | Non
     return response
 
 
-def unknown_path(protocol: Protocol) -> HttpResponse:
+def unknown_path(protocol: Api) -> HttpResponse:
     return error_response(protocol, GatewayError(ErrorKind.UNKNOWN_PATH), new_request_id())

@@ -23,7 +23,7 @@ from collections import deque
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from hopbase.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError
 
 log = logging.getLogger("hopbase.limits")
 

@@ -31,8 +31,7 @@ from channels_pool import affinity
 from channels_pool.health import board
 from channels_pool.selection import ChannelInfo, directory
 from channels_pool.upstream import END, OPENED, PROGRESS, TIMEOUT, Attempt
-from hopbase.auth import Caller
-from hopbase.errors import (
+from core.errors import (
     FINAL,
     INTERRUPTED_MESSAGE,
     PROVIDER_ERROR_MESSAGE,
@@ -42,9 +41,11 @@ from hopbase.errors import (
     GatewayError,
     UpstreamFailure,
 )
+from core.sse import Event
+from core.usage import Usage
+from hopbase.auth import Caller
 from hopbase.limits import POLL_SECONDS, limits
-from hopbase.protocols.base import Mark, Protocol, RequestFacts, StreamWatcher, Usage
-from hopbase.sse import Event
+from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 log = logging.getLogger("hopbase.relay")
@@ -67,7 +68,7 @@ class Reply:
     abandon: Callable[[], None] | None = None
 
 
-def error_reply(protocol: Protocol, error: GatewayError) -> Reply:
+def error_reply(protocol: Api, error: GatewayError) -> Reply:
     """One of HopBase's own errors, in the protocol's format (table E)."""
     status, body = protocol.error_body(error)
     headers = {}
@@ -89,7 +90,7 @@ class Committed:
 class Run:
     """One request's life. ``finish()`` records it exactly once."""
 
-    def __init__(self, request_id: str, protocol: Protocol, caller: Caller, facts: RequestFacts, headers: dict[str, str]):
+    def __init__(self, request_id: str, protocol: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]):
         self.request_id = request_id
         self.protocol = protocol
         self.caller = caller
@@ -410,13 +411,13 @@ class Run:
         )
 
 
-async def relay(request_id: str, protocol: Protocol, caller: Caller, facts: RequestFacts, headers: dict[str, str]) -> Reply:
+async def relay(request_id: str, protocol: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]) -> Reply:
     """Serve one authenticated, parsed request."""
     run = Run(request_id, protocol, caller, facts, headers)
     try:
         run.holds_key_slot = await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
         pinned = await affinity.channel_for(facts.affinity_key, caller.tenant_id) if facts.affinity_key else None
-        candidates = board.arrange(await directory.candidates(protocol.channel_protocol, facts.model, pinned))
+        candidates = board.arrange(await directory.candidates(protocol.wire, facts.model, pinned))
         if not candidates:
             run.error_kind = "model_not_found"
             run.finish("rejected")

@@ -8,15 +8,15 @@ from django.views.decorators.csrf import csrf_exempt
 from channels_pool.selection import directory
 from hopbase import cached_contents, intake
 from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
-from hopbase.protocols.base import Protocol
+from hopbase.protocols.base import Api
 
 
-def openai_or_anthropic(request: HttpRequest) -> Protocol:
+def openai_or_anthropic(request: HttpRequest) -> Api:
     # The Anthropic SDK always sends anthropic-version; the OpenAI SDK never does.
     return MESSAGES if "anthropic-version" in request.headers else CHAT
 
 
-def model_list_protocol(request: HttpRequest) -> Protocol:
+def model_list_protocol(request: HttpRequest) -> Api:
     # GET /v1/models is also where google-genai (API version v1) lists models.
     if "x-goog-api-key" in request.headers or "key" in request.GET:
         return GEMINI

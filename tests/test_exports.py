@@ -25,7 +25,14 @@ from billing.exports import COLUMNS, csv_lines, export_queryset, export_rows, st
 from billing.ledger import top_up
 from billing.models import LedgerEntry, RequestLog
 from billing.settlement import sweep
-from tests.factories import make_channel, make_key, make_log, make_price, make_tenant, unique
+from tests.factories import (
+    make_channel,
+    make_key,
+    make_log,
+    make_price,
+    make_tenant,
+    unique,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from hopbase.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError
 from hopbase.limits import Limits, LocalCounters, RedisCounters
 from tests.wire import call, wait_for_log, wait_for_records
 

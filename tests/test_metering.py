@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from billing.metering import Billable, billable_tokens, estimate_tokens
+from billing.metering import billable_tokens
 from billing.recorder import Finished, to_row
-from hopbase.protocols.base import Usage
+from core.usage import Usage, estimate_tokens
 
 
 def reported(input_tokens: int = 0, output_tokens: int = 0, **fields) -> Usage:
@@ -24,18 +24,18 @@ def test_it_estimates_about_four_characters_a_token_rounding_up(chars, tokens):
 
 def test_a_completed_request_is_billed_on_the_reported_usage():
     usage = reported(120, 30, cache_read_tokens=50, cache_write_tokens=7, thinking_tokens=10)
-    assert billable_tokens("completed", usage, prompt_chars=10_000, sent_chars=10_000) == Billable(
+    assert billable_tokens("completed", usage, prompt_chars=10_000, sent_chars=10_000) == Usage(
         120, 30, 50, 7, 10, estimated=False
     )
 
 
 def test_a_completed_request_without_reported_usage_is_estimated():
-    assert billable_tokens("completed", Usage(), prompt_chars=41, sent_chars=8) == Billable(11, 2, estimated=True)
+    assert billable_tokens("completed", Usage(), prompt_chars=41, sent_chars=8) == Usage(11, 2, estimated=True)
 
 
 def test_a_completed_request_missing_only_output_usage_keeps_the_reported_input():
     usage = Usage(input_tokens=500, input_reported=True)
-    assert billable_tokens("completed", usage, prompt_chars=4, sent_chars=9) == Billable(500, 3, estimated=True)
+    assert billable_tokens("completed", usage, prompt_chars=4, sent_chars=9) == Usage(500, 3, estimated=True)
 
 
 @pytest.mark.parametrize("status", ["cancelled", "stalled", "interrupted"])
@@ -76,7 +76,7 @@ def test_a_cut_short_stream_is_estimated_even_when_usage_was_reported():
 @pytest.mark.parametrize("status", ["failed", "rejected"])
 def test_failed_and_rejected_requests_bill_nothing(status):
     usage = reported(1000, 1000, cache_read_tokens=5, cache_write_tokens=5, thinking_tokens=5)
-    assert billable_tokens(status, usage, prompt_chars=9999, sent_chars=9999) == Billable()
+    assert billable_tokens(status, usage, prompt_chars=9999, sent_chars=9999) == Usage()
 
 
 def test_the_recorder_writes_the_metered_tokens():

@@ -13,7 +13,15 @@ from django.utils import timezone
 from billing.balances import BalanceBook, load_exhausted_tenants
 from billing.ledger import post_entry, top_up
 from billing.models import ModelPrice, RequestLog
-from billing.pricing import PriceBook, PriceHistory, Unpriced, charge_for, is_priced, load_priced_models, price_at
+from billing.pricing import (
+    PriceBook,
+    PriceHistory,
+    Unpriced,
+    charge_for,
+    is_priced,
+    load_priced_models,
+    price_at,
+)
 from tests.factories import make_price, make_tenant
 
 ONE = Decimal("1")

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from billing.models import RequestLog
 from billing.recorder import Finished, Recorder
-from hopbase.protocols.base import Usage
+from core.usage import Usage
 from tests.factories import make_channel, make_key
 
 

@@ -10,7 +10,13 @@ import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from hopbase.settings import database_from_url, env_bool, env_int, env_seconds, redis_url
+from hopbase.settings import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_seconds,
+    redis_url,
+)
 
 
 def test_it_reads_fractional_seconds(monkeypatch):

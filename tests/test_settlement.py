@@ -39,9 +39,14 @@ from billing.ledger import post_entry, top_up
 from billing.models import LedgerEntry, RequestLog
 from billing.recorder import Finished, Recorder, in_process_sweep_interval
 from billing.settlement import Outcome, settle, settle_many, sweep, unsettled
-from billing.tasks import Publisher, settle_request_log, settle_request_logs, sweep_unsettled
+from billing.tasks import (
+    Publisher,
+    settle_request_log,
+    settle_request_logs,
+    sweep_unsettled,
+)
+from core.usage import Usage
 from hopbase.models import Tenant
-from hopbase.protocols.base import Usage
 from tests.conftest import database_url_for_subprocess
 from tests.factories import make_key, make_log, make_price, make_tenant, unique
 from tests.processes import ROOT, free_port

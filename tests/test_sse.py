@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hopbase.sse import EventSplitter
+from core.sse import EventSplitter
 
 STREAMS = {
     "lf": b'event: a\ndata: {"x":"h\xc3\xa9llo"}\n\ndata: [DONE]\n\n',

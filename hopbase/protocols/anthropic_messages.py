@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hopbase.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError
+from core.sse import Event
+from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
+    Api,
     Mark,
-    Protocol,
     RequestFacts,
     StreamWatcher,
     UpstreamRequest,
@@ -16,7 +18,6 @@ from hopbase.protocols.base import (
     forwarded_headers,
     prompt_text_chars,
 )
-from hopbase.sse import Event
 
 ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (401, "authentication_error"),
@@ -138,9 +139,9 @@ class MessagesWatcher(StreamWatcher):
         return dumps(message)
 
 
-class Messages(Protocol):
-    name = "messages"
-    channel_protocol = "anthropic"
+class Messages(Api):
+    name = ApiName.MESSAGES
+    wire = WireProtocol.ANTHROPIC
     watcher = MessagesWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:

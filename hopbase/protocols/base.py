@@ -1,6 +1,6 @@
-"""The one small interface every wire protocol implements.
+"""The one small interface every client API implements.
 
-A ``Protocol`` knows the request side: the facts the gateway needs from a
+An ``Api`` knows the request side: the facts the gateway needs from a
 request body, how to address a channel, and how to render HopBase's own
 errors. A ``StreamWatcher`` (one per attempt) knows the response side: what
 each upstream event is, the usage it reports, and how to end a stream with an
@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 
 import orjson
 
-from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
-from hopbase.sse import Event
+from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
+from core.sse import Event
+from core.usage import Usage, estimate_tokens
+from core.vocabulary import ApiName, WireProtocol
 
 
 class Mark:
@@ -41,26 +43,12 @@ class RequestFacts:
     prompt_chars: int = 0
     # State a single provider account holds (P9): previous_response_id, cachedContent.
     affinity_key: str | None = None
-    # Protocol-specific routing details (e.g. the Gemini API version and action).
+    # Api-specific routing details (e.g. the Gemini API version and action).
     route: dict[str, str] = field(default_factory=dict)
 
     @property
     def prompt_tokens_estimate(self) -> int:
-        return -(-self.prompt_chars // 4)
-
-
-@dataclass
-class Usage:
-    """Tokens as billed: ``input_tokens`` excludes cached input (B9), and
-    ``output_tokens`` includes thinking."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    thinking_tokens: int = 0
-    input_reported: bool = False
-    output_reported: bool = False
+        return estimate_tokens(self.prompt_chars)
 
 
 @dataclass
@@ -136,9 +124,9 @@ class StreamWatcher:
         return b""
 
 
-class Protocol:
-    name: ClassVar[str]  # protocol of the request: chat, responses, messages, gemini
-    channel_protocol: ClassVar[str]  # Channel.protocol that can serve it
+class Api:
+    name: ClassVar[ApiName]  # the API a client called
+    wire: ClassVar[WireProtocol]  # the protocol of the channels that serve it
     keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
     watcher: ClassVar[type[StreamWatcher]]
 

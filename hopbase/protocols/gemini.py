@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopbase.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
+from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
+from core.sse import Event
+from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
+    Api,
     Mark,
-    Protocol,
     RequestFacts,
     StreamWatcher,
     UpstreamRequest,
     dumps,
     prompt_text_chars,
 )
-from hopbase.sse import Event
 
 GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (400, "INVALID_ARGUMENT"),
@@ -148,9 +149,9 @@ class GeminiWatcher(StreamWatcher):
         return dumps(body)
 
 
-class Gemini(Protocol):
-    name = "gemini"
-    channel_protocol = "gemini"
+class Gemini(Api):
+    name = ApiName.GEMINI
+    wire = WireProtocol.GEMINI
     keepalive = b"\n"
     watcher = GeminiWatcher
 

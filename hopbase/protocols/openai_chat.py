@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopbase.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError
+from core.sse import Event
+from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
+    Api,
     Mark,
-    Protocol,
     RequestFacts,
     StreamWatcher,
     UpstreamRequest,
@@ -15,7 +17,6 @@ from hopbase.protocols.base import (
     forwarded_headers,
     prompt_text_chars,
 )
-from hopbase.sse import Event
 
 # Table E for both OpenAI protocols: status, error type, error code.
 OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
@@ -176,10 +177,10 @@ class ChatWatcher(StreamWatcher):
         return dumps(body)
 
 
-class OpenAIProtocol(Protocol):
+class OpenAIApi(Api):
     """What both OpenAI protocols share: errors, model lists, bearer auth."""
 
-    channel_protocol = "openai"
+    wire = WireProtocol.OPENAI
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         status, body = openai_error(error.kind, error.message)
@@ -199,8 +200,8 @@ class OpenAIProtocol(Protocol):
         )
 
 
-class ChatCompletions(OpenAIProtocol):
-    name = "chat"
+class ChatCompletions(OpenAIApi):
+    name = ApiName.CHAT
     watcher = ChatWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopbase.errors import ErrorKind
-from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
-from hopbase.protocols.openai_chat import OpenAIProtocol, openai_error, openai_error_is_busy
-from hopbase.sse import Event
+from core.errors import ErrorKind
+from core.sse import Event
+from core.vocabulary import ApiName
+from hopbase.protocols.base import (
+    Mark,
+    RequestFacts,
+    StreamWatcher,
+    UpstreamRequest,
+    dumps,
+    prompt_text_chars,
+)
+from hopbase.protocols.openai_chat import OpenAIApi, openai_error, openai_error_is_busy
 
 TEXT_DELTAS = {
     "response.output_text.delta",
@@ -99,8 +107,8 @@ class ResponsesWatcher(StreamWatcher):
         return dumps(self.response or {})
 
 
-class Responses(OpenAIProtocol):
-    name = "responses"
+class Responses(OpenAIApi):
+    name = ApiName.RESPONSES
     watcher = ResponsesWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:

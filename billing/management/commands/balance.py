@@ -1,14 +1,14 @@
 """balance TENANT: the tenant's exact balance in USD, alone on the last line.
 
-Printed by ``billing.exports.usd_text``: every significant digit, at least two
+Printed by ``core.money.usd_text``: every significant digit, at least two
 decimals, no exponent (12.5000000000 -> 12.50, 0.0001230000 -> 0.000123), so
 a script can read it with ``Decimal`` and lose nothing.
 """
 
 from __future__ import annotations
 
-from billing.exports import usd_text
-from hopbase.management.arguments import OperatorCommand, find_tenant
+from core.commands import OperatorCommand, find_tenant
+from core.money import usd_text
 
 
 class Command(OperatorCommand):

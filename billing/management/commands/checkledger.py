@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 
 from billing.checks import ledger_problems
 from billing.models import LedgerEntry
-from hopbase.management.arguments import OperatorCommand
+from core.commands import OperatorCommand
 from hopbase.models import Tenant
 
 

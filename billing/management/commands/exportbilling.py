@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 
 from billing.exports import ENCODERS, Row, export_queryset, export_rows
 from billing.models import RequestLog
-from hopbase.management.arguments import OperatorCommand, find_tenant
+from core.commands import OperatorCommand, find_tenant
 
 Encoder = Callable[[Iterable[Row]], Iterator[str]]
 

@@ -11,10 +11,10 @@ from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from billing.exports import usd_text
 from billing.models import ModelPrice
-from hopbase.forms import parse_model_names
-from hopbase.management.arguments import OperatorCommand, checked, parse_price
+from core.commands import OperatorCommand, checked, parse_price
+from core.model_names import parse_model_names
+from core.money import usd_text
 
 
 class Command(OperatorCommand):

@@ -14,7 +14,7 @@ import datetime as dt
 from django.core.management.base import CommandError
 
 from billing.settlement import sweep
-from hopbase.management.arguments import OperatorCommand
+from core.commands import OperatorCommand
 
 
 class Command(OperatorCommand):

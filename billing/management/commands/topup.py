@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from billing.exports import usd_text
 from billing.ledger import top_up
-from hopbase.management.arguments import OperatorCommand, find_tenant, parse_usd
+from core.commands import OperatorCommand, find_tenant, parse_usd
+from core.money import usd_text
 
 
 class Command(OperatorCommand):

@@ -10,9 +10,8 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
-from channels_pool.models import Channel, Protocol, validate_base_url
-from hopbase.forms import parse_required_model_names
-from hopbase.management.arguments import (
+from channels_pool.models import Channel, validate_base_url
+from core.commands import (
     INT_MAX,
     OperatorCommand,
     checked,
@@ -20,8 +19,10 @@ from hopbase.management.arguments import (
     parse_name,
     parse_optional_positive,
 )
+from core.model_names import parse_required_model_names
+from core.vocabulary import WireProtocol
 
-PROTOCOLS = [p.value for p in Protocol]
+PROTOCOLS = [p.value for p in WireProtocol]
 
 
 class Command(OperatorCommand):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from hopbase.forms import parse_required_model_names
-from hopbase.management.arguments import OperatorCommand, checked, find_tenant, parse_optional_positive
+from core.commands import OperatorCommand, checked, find_tenant, parse_optional_positive
+from core.model_names import parse_required_model_names
 from hopbase.models import ApiKey
 
 

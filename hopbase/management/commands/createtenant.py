@@ -9,9 +9,9 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
-from billing.exports import usd_text
 from billing.ledger import top_up
-from hopbase.management.arguments import OperatorCommand, parse_name, parse_usd
+from core.commands import OperatorCommand, parse_name, parse_usd
+from core.money import usd_text
 from hopbase.models import Tenant
 
 

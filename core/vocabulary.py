@@ -1,0 +1,47 @@
+"""The domain's named words, each defined once.
+
+``ApiName``      the API a client called (the export's ``protocol`` column,
+                 the metrics' ``protocol`` label)
+``WireProtocol`` the protocol a channel (a provider account) speaks
+``RequestStatus`` how a request ended (the request log's ``status``)
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ApiName(models.TextChoices):
+    CHAT = "chat", "OpenAI Chat Completions"
+    RESPONSES = "responses", "OpenAI Responses"
+    MESSAGES = "messages", "Anthropic Messages"
+    GEMINI = "gemini", "Gemini"
+
+
+class WireProtocol(models.TextChoices):
+    OPENAI = "openai", "OpenAI (Chat Completions and Responses)"
+    ANTHROPIC = "anthropic", "Anthropic Messages"
+    GEMINI = "gemini", "Gemini"
+
+
+class RequestStatus(models.TextChoices):
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    STALLED = "stalled"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+    @property
+    def cut_short(self) -> bool:
+        """Ended after the channel had started answering, before its end:
+        billed on what is known (B2–B4)."""
+        return self in CUT_SHORT
+
+    @property
+    def billed(self) -> bool:
+        return self not in UNBILLED
+
+
+CUT_SHORT = frozenset({RequestStatus.CANCELLED, RequestStatus.STALLED, RequestStatus.INTERRUPTED})
+UNBILLED = frozenset({RequestStatus.FAILED, RequestStatus.REJECTED})
