@@ -1,0 +1,1 @@
+"""The gateway overhead benchmark: ``python bench/run.py`` (see run.py)."""
