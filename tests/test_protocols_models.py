@@ -1,0 +1,79 @@
+"""Model lists and lookups, through each SDK (P5).
+
+Shared checks and what they prove: tests/protocol_checks.py.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from channels_pool.models import Channel
+from tests.protocol_checks import anthropic_client, genai_client, openai_client
+
+pytestmark = pytest.mark.gateway
+
+
+@pytest.fixture
+def oai(gateway, world) -> openai.OpenAI:
+    return openai_client(gateway, world.key)
+
+
+@pytest.fixture
+def claude(gateway, world) -> anthropic.Anthropic:
+    return anthropic_client(gateway, world.key)
+
+
+# --------------------------------------------------------------------------- model lists (P5)
+
+
+def served_models(channel_protocol: str) -> list[str]:
+    """Every model a channel of this protocol serves: what a key for every model may list."""
+    names = {m for c in Channel.objects.filter(protocol=channel_protocol) for m in c.served_models}
+    assert {"sim-model", "claude-sim"} <= names
+    return sorted(names)
+
+
+def test_it_lists_models_for_openai(oai, gateway, world, committed_db):
+    raw = oai.models.with_raw_response.list()
+    page = raw.parse()
+    assert raw.headers["x-hopbase-request-id"].startswith("req_")
+    assert [m.id for m in page.data] == served_models("openai")
+    assert {m.object for m in page.data} == {"model"}
+
+    limited = openai_client(gateway, world.limited_key).models.list()
+    assert [m.id for m in limited.data] == ["sim-model"]
+
+
+def test_it_lists_models_for_anthropic(claude, gateway, world, committed_db):
+    raw = claude.models.with_raw_response.list()
+    page = raw.parse()
+    assert raw.headers["x-hopbase-request-id"].startswith("req_")
+    assert [m.id for m in page.data] == served_models("anthropic")
+    assert {m.type for m in page.data} == {"model"}
+    assert page.has_more is False
+
+    limited = anthropic_client(gateway, world.limited_key).models.list()
+    assert [m.id for m in limited.data] == ["sim-model"]
+
+
+@pytest.mark.parametrize("api_version", ["v1beta", "v1"])
+def test_it_lists_models_for_gemini(gateway, world, committed_db, api_version):
+    # Keep each client referenced: a collected genai client closes its transport.
+    client = genai_client(gateway.url, world.key, api_version)
+    assert [m.name for m in client.models.list()] == [f"models/{m}" for m in served_models("gemini")]
+
+    limited = genai_client(gateway.url, world.limited_key, api_version)
+    assert [m.name for m in limited.models.list()] == ["models/sim-model"]
+
+
+def test_each_sdk_looks_up_one_model_it_may_use(oai, claude, gateway, world, committed_db):
+    assert oai.models.retrieve("sim-model").id == "sim-model"
+    assert claude.models.retrieve("sim-model").id == "sim-model"
+    client = genai_client(gateway.url, world.key)
+    assert client.models.get(model="sim-model").name == "models/sim-model"
+    with pytest.raises(openai.NotFoundError):
+        openai_client(gateway, world.limited_key).models.retrieve("claude-sim")
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("no-such-model")
