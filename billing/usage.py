@@ -1,4 +1,4 @@
-"""``GET /v1/usage``: a customer's own balance and request logs (B8)
+"""What ``GET /v1/usage`` answers: a customer's own balance and request logs (B8)
 (settlement -> *what the customer sees*).
 
 Authenticated by the customer's HopBase key, taken from wherever the SDKs
@@ -30,24 +30,17 @@ interrupted requests are listed with what they cost (B1-B4).
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from billing.exports import utc_iso
 from billing.models import RequestLog
 from core.errors import ErrorKind, GatewayError
 from core.money import usd_text
 from core.snapshots import refresh_connection
-from hopbase.intake import REQUEST_ID_HEADER, client_headers, error_response, identify
 from hopbase.models import Tenant
-from hopbase.protocols import CHAT
-from hopbase.relay import new_request_id
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -136,20 +129,3 @@ def read_page(page: Page) -> dict[str, Any]:
         "last_id": data[-1]["request_id"] if data else None,
         "has_more": len(rows) > page.limit,
     }
-
-
-@csrf_exempt
-async def usage(request: HttpRequest) -> HttpResponse:
-    request_id = new_request_id()
-    caller = await identify(request, client_headers(request))
-    if caller is None:
-        return error_response(CHAT, GatewayError(ErrorKind.INVALID_KEY), request_id)
-    try:
-        if request.method != "GET":
-            raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {request.method} is not allowed here; use GET.")
-        body = await sync_to_async(read_page, thread_sensitive=False)(parse_page(caller.tenant_id, request.GET))
-    except GatewayError as error:
-        return error_response(CHAT, error, request_id)
-    response = HttpResponse(json.dumps(body, separators=(",", ":")), content_type="application/json")
-    response[REQUEST_ID_HEADER] = request_id
-    return response

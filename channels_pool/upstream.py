@@ -1,67 +1,69 @@
-"""Talking to a channel: one pooled httpx client per process, and ``Attempt``,
-one upstream request read by its own task into a queue.
+"""Talking to a channel: ``Attempt``, one upstream request read by its own
+task into a queue, and the HTTP client the gateway builds once per process.
 
 The relay never awaits the httpx iterator directly: cancelling a
 ``wait_for`` around ``__anext__`` would close it. Reading in a separate task
 lets the relay time keep-alives, stalls and the hold with plain queue waits,
-and closing an attempt (cancelling its task) hangs up on the channel at once.
+and ending an attempt (cancelling its task) hangs up on the channel at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 import httpx
 from django.conf import settings
 
-log = logging.getLogger("hopbase.upstream")
-
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
 
+log = logging.getLogger("hopbase.upstream")
+
 MAX_ERROR_BODY = 64 * 1024
+# A whole (non-event-stream) answer, such as a created Gemini cache.
+MAX_WHOLE_BODY = 8 * 1024 * 1024
 RELEASE_GRACE_SECONDS = 5
 # Response headers from the channel that a client's SDK reads (request ids);
 # rate-limit headers describe HopBase's account and stay here.
 PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 
-
-class _Signal:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
+# How an HTTP error answer (status, body, retry-after) counts for failover.
+ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
 
 
-TIMEOUT = _Signal("TIMEOUT")  # nothing arrived in time
-PROGRESS = _Signal("PROGRESS")  # bytes arrived, no complete event yet
-END = _Signal("END")  # the channel closed its response normally
-OPENED = _Signal("OPENED")  # the channel answered 200; its events follow
+class Signal(enum.Enum):
+    """What ``Attempt.next()`` returns when it has no event to give."""
 
-_clients: dict[int, httpx.AsyncClient] = {}
+    TIMEOUT = "timeout"  # nothing arrived in time
+    PROGRESS = "progress"  # bytes arrived, no complete event yet
+    OPENED = "opened"  # the channel answered 200; its events follow
+    END = "end"  # the channel closed its response normally
 
 
-def client() -> httpx.AsyncClient:
-    """The process's pooled client (one per event loop)."""
-    loop_id = id(asyncio.get_running_loop())
-    pooled = _clients.get(loop_id)
-    if pooled is None:
-        limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
-        pooled = httpx.AsyncClient(
-            # No read timeout: long silences are the relay's to judge (hold,
-            # slow start, stall), not the transport's.
-            timeout=httpx.Timeout(connect=settings.HOPBASE_CONNECT_TIMEOUT, read=None, write=30, pool=settings.HOPBASE_CAPACITY_WAIT),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30),
-            follow_redirects=False,
-            trust_env=False,
-        )
-        _clients[loop_id] = pooled
-    return pooled
+class Channel(Protocol):
+    id: int
+    name: str
+
+
+def new_client() -> httpx.AsyncClient:
+    """A pooled client for one event loop, with the gateway's limits."""
+    limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
+    return httpx.AsyncClient(
+        # No read timeout: long silences are the relay's to judge (hold,
+        # slow start, stall), not the transport's.
+        timeout=httpx.Timeout(
+            connect=settings.HOPBASE_CONNECT_TIMEOUT, read=None, write=30, pool=settings.HOPBASE_CAPACITY_WAIT
+        ),
+        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30),
+        follow_redirects=False,
+        trust_env=False,
+    )
 
 
 def retry_after_seconds(headers: httpx.Headers) -> int | None:
@@ -80,20 +82,32 @@ def _set_if_waiting(wake: asyncio.Future[None]) -> None:
 
 
 class Attempt:
-    """One request to one channel. ``next()`` yields events in order, then END;
-    or a signal; or an ``UpstreamFailure`` as the last item."""
+    """One request to one channel. ``next()`` yields its events in order,
+    then ``Signal.END``; or a signal; or an ``UpstreamFailure`` as the last
+    item. ``end()`` lets go of it: the connection goes back to the pool when
+    the attempt ``completed``, otherwise the channel is hung up on."""
 
-    def __init__(self, channel: Any, url: str, headers: dict[str, str], content: bytes, protocol: Any) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        channel: Channel,
+        url: str,
+        headers: dict[str, str],
+        content: bytes,
+        classify: ClassifyFailure,
+        whole_body: bool = False,
+    ) -> None:
         self.channel = channel
-        self.ended = False  # set by the relay once it has let go of the attempt
         self.status: int | None = None
         self.response_headers: httpx.Headers | None = None
-        self._protocol = protocol
+        self.completed = False  # its terminal event arrived
+        self._classify = classify
+        self._whole_body = whole_body
         # What the pump read, in order; ``_wake`` is set when an item arrives
         # for a ``next()`` that is waiting. (A future and a timer per wait
         # cost far less than ``wait_for`` on a queue, which makes a task for
         # every event.)
-        self._items: deque[Any] = deque()
+        self._items: deque[bytes | Event | Signal | UpstreamFailure] = deque()
         self._wake: asyncio.Future[None] | None = None
         self._splitter = EventSplitter()
         self._events: deque[Event] = deque()
@@ -101,21 +115,20 @@ class Attempt:
         # cleans up under shielded anyio scopes, and a bare task cancellation
         # interrupts that cleanup, leaking the pooled connection.
         self._scope = anyio.CancelScope()
-        self._task = asyncio.get_running_loop().create_task(self._pump(url, headers, content))
+        self._task = asyncio.get_running_loop().create_task(self._pump(http, url, headers, content))
 
-    async def _pump(self, url: str, headers: dict[str, str], content: bytes) -> None:
+    async def _pump(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
         with self._scope:
             try:
-                await self._read(url, headers, content)
+                await self._read(http, url, headers, content)
             except Exception:
                 # Whatever broke, the relay must hear of it rather than wait
                 # on a reader that is gone.
                 log.exception("upstream read failed on channel %s", self.channel.name)
                 self._put(UpstreamFailure("internal", self.status))
 
-    async def _read(self, url: str, headers: dict[str, str], content: bytes) -> None:
+    async def _read(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
         put = self._put
-        http = client()
         # httpx asks for gzip by default; the relay splits raw bytes, so the
         # channel must send them uncompressed.
         request = http.build_request("POST", url, headers={**headers, "accept-encoding": "identity"}, content=content)
@@ -130,35 +143,33 @@ class Attempt:
         try:
             self.status = response.status_code
             self.response_headers = response.headers
-            if response.status_code == 200:
-                put(OPENED)
-            else:
-                body = b""
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) > MAX_ERROR_BODY:
-                        break
-                put(self._protocol.upstream_failure(response.status_code, body, retry_after_seconds(response.headers)))
+            if response.status_code != 200:
+                body = await _read_up_to(response, MAX_ERROR_BODY)
+                put(self._classify(response.status_code, body, retry_after_seconds(response.headers)))
                 return
-            async for chunk in response.aiter_raw():
-                put(chunk)
-            put(END)
+            put(Signal.OPENED)
+            if self._whole_body:
+                put(Event(await _read_up_to(response, MAX_WHOLE_BODY)))
+            else:
+                async for chunk in response.aiter_raw():
+                    put(chunk)
+            put(Signal.END)
         except httpx.HTTPError:
             put(UpstreamFailure("cut", self.status))
         finally:
             await response.aclose()
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
         self._items.append(item)
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    async def next(self, timeout: float) -> Any:
+    async def next(self, timeout: float) -> Event | Signal | UpstreamFailure:
         if self._events:
             return self._events.popleft()
         if not self._items:
             if timeout <= 0:
-                return TIMEOUT
+                return Signal.TIMEOUT
             loop = asyncio.get_running_loop()
             self._wake = wake = loop.create_future()
             timer = loop.call_later(timeout, _set_if_waiting, wake)
@@ -168,19 +179,19 @@ class Attempt:
                 timer.cancel()
                 self._wake = None
             if not self._items:
-                return TIMEOUT
+                return Signal.TIMEOUT
         item = self._items.popleft()
         if isinstance(item, bytes):
             events = self._splitter.feed(item)
             if not events:
-                return PROGRESS
+                return Signal.PROGRESS
             self._events.extend(events)
             return self._events.popleft()
-        if item is END:
+        if item is Signal.END:
             # A last event the channel never terminated with a blank line.
             rest = self._splitter.finish()
             if rest:
-                self._items.appendleft(END)
+                self._items.appendleft(Signal.END)
                 return rest[0]
         return item
 
@@ -188,14 +199,26 @@ class Attempt:
         found = self.response_headers or {}
         return {name: found[name] for name in PASSED_BACK_HEADERS if name in found}
 
-    def close(self) -> None:
-        """Hang up on the channel (no-op once the response has ended)."""
+    def end(self) -> None:
+        """Let go of the channel: after the terminal event, let the pump read
+        the body's end so the connection goes back to the pool (hanging up if
+        it has not within a few seconds); otherwise hang up at once."""
+        if self._task.done():
+            return
+        if self.completed:
+            asyncio.get_running_loop().call_later(RELEASE_GRACE_SECONDS, self._hang_up)
+        else:
+            self._hang_up()
+
+    def _hang_up(self) -> None:
         if not self._task.done():
             self._scope.cancel()
 
-    def release(self) -> None:
-        """The terminal event is in: let the pump read the body's end so the
-        connection goes back to the pool for reuse; hang up if it has not
-        within a few seconds."""
-        if not self._task.done():
-            asyncio.get_running_loop().call_later(RELEASE_GRACE_SECONDS, self.close)
+
+async def _read_up_to(response: httpx.Response, limit: int) -> bytes:
+    body = b""
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) > limit:
+            break
+    return body

@@ -42,10 +42,11 @@ class Caller:
         return not self.allowed_models or model in self.allowed_models
 
     def finished(self, request_id: str, api: ApiName, status: RequestStatus, **fields: Any) -> Finished:
-        """The record of a request of this caller's that ends now."""
+        """The record of a request of this caller's that ends now (made now,
+        unless ``created_at`` says when)."""
+        fields.setdefault("created_at", timezone.now())
         return Finished(
             request_id=request_id,
-            created_at=timezone.now(),
             tenant_id=self.tenant_id,
             api_key_id=self.key_id,
             protocol=api,

@@ -1,17 +1,22 @@
 """The front door: from a Django request to a relayed reply.
 
-key -> caller (auth) -> body checks -> protocol facts -> model allowed,
-priced, balance left -> relay -> HTTP response. Every refusal is an error in the caller's protocol (table E), and
-every refusal after the key is known is recorded as ``rejected`` (P8).
+key -> caller (auth, in ``authorized``) -> body checks -> protocol facts ->
+model allowed, priced, balance left -> relay -> HTTP response. Every refusal
+is an error in the caller's API format (table E), and every refusal after
+the key is known is recorded as ``rejected`` (P8).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from billing.balances import balances, key_spend
 from billing.pricing import prices
@@ -19,9 +24,10 @@ from billing.recorder import recorder
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
 from core.vocabulary import RequestStatus
+from hopbase import gateway
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.protocols.base import Api, RequestFacts, dumps
-from hopbase.relay import Reply, error_reply, new_request_id, relay
+from hopbase.run import Reply, error_reply, new_request_id
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
 # Requests with an unknown key are counted (per process), not logged (P8).
@@ -32,11 +38,50 @@ def unknown_key_count() -> int:
     return _unknown_keys
 
 
+@dataclass(frozen=True)
+class Call:
+    """An API request whose key is known, and the API it is answered in."""
+
+    request: HttpRequest
+    request_id: str
+    headers: dict[str, str]
+    caller: Caller
+    api: Api
+
+
+EntryView = Callable[..., Awaitable[HttpResponse]]
+
+
+def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView], EntryView]:
+    """An API entry point: the view gets a ``Call`` (request id, headers, the
+    caller) instead of the bare request; an unknown key is refused in the
+    API's format before the view runs. ``api`` may be chosen per request."""
+
+    def decorate(view: EntryView) -> EntryView:
+        @csrf_exempt
+        @functools.wraps(view)
+        async def entry(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            chosen = api if isinstance(api, Api) else api(request)
+            request_id = new_request_id()
+            headers = client_headers(request)
+            caller = await identify(request, headers)
+            if caller is None:
+                response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
+            else:
+                response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
+            response[REQUEST_ID_HEADER] = request_id
+            return response
+
+        return entry
+
+    return decorate
+
+
 def client_headers(request: HttpRequest) -> dict[str, str]:
     return {name.lower(): value for name, value in request.headers.items()}
 
 
-def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpResponse:
+def to_response(reply: Reply) -> HttpResponse | StreamingHttpResponse:
     if reply.chunks is not None:
         response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
             reply.chunks, status=reply.status, content_type=reply.content_type
@@ -48,12 +93,11 @@ def to_response(reply: Reply, request_id: str) -> HttpResponse | StreamingHttpRe
         response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
     for name, value in reply.headers.items():
         response[name] = value
-    response[REQUEST_ID_HEADER] = request_id
     return response
 
 
-def error_response(protocol: Api, error: GatewayError, request_id: str) -> HttpResponse:
-    return to_response(error_reply(protocol, error), request_id)
+def error_response(api: Api, error: GatewayError) -> HttpResponse:
+    return to_response(error_reply(api, error))
 
 
 async def identify(request: HttpRequest, headers: dict[str, str]) -> Caller | None:
@@ -97,9 +141,9 @@ async def admit(caller: Caller, model: str) -> None:
         raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
 
 
-def parse_facts(protocol: Api, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
+def parse_facts(api: Api, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:
     try:
-        return protocol.parse(body, raw, route)
+        return api.parse(body, raw, route)
     except GatewayError:
         raise
     except (RecursionError, TypeError, ValueError, AttributeError):
@@ -108,52 +152,43 @@ def parse_facts(protocol: Api, body: Any, raw: bytes, route: dict[str, str]) -> 
         raise GatewayError(ErrorKind.MALFORMED, "The request body has an unexpected shape.") from None
 
 
-def record_rejection(request_id: str, protocol: Api, caller: Caller, model: str, error: GatewayError) -> None:
-    recorder.record(caller.finished(request_id, protocol.name, RequestStatus.REJECTED, model=model, error_kind=error.kind.value))
-
-
-async def serve(request: HttpRequest, protocol: Api, route: dict[str, str] | None = None) -> HttpResponse:
-    """Serve one generation request in ``protocol``."""
-    request_id = new_request_id()
-    headers = client_headers(request)
-    caller = await identify(request, headers)
-    if caller is None:
-        return error_response(protocol, GatewayError(ErrorKind.INVALID_KEY), request_id)
+async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse:
+    """Serve one generation request (or one Gemini cache creation)."""
     model = (route or {}).get("model", "")
     try:
-        body, raw = read_json(request, headers)
+        body, raw = read_json(call.request, call.headers)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             model = body["model"]
-        facts = parse_facts(protocol, body, raw, route or {})
-        await admit(caller, facts.model)
+        facts = parse_facts(call.api, body, raw, route or {})
+        model = facts.model
+        await admit(call.caller, facts.model)
     except GatewayError as error:
-        record_rejection(request_id, protocol, caller, model, error)
-        return error_response(protocol, error, request_id)
-    reply = await relay(request_id, protocol, caller, facts, headers)
-    return to_response(reply, request_id)
+        rejected = call.caller.finished(
+            call.request_id, call.api.name, RequestStatus.REJECTED, model=model, error_kind=error.kind.value
+        )
+        recorder.record(rejected)
+        return error_response(call.api, error)
+    reply = await gateway.relay().serve(call.request_id, call.api, call.caller, facts, call.headers)
+    return to_response(reply)
 
 
-async def list_models(request: HttpRequest, protocol: Api, model: str | None = None) -> HttpResponse:
+async def list_models(call: Call, model: str | None = None) -> HttpResponse:
     """P5: the models this key may use, in the SDK's list shape; or one of
     them, as the SDK's model lookup shows it."""
-    request_id = new_request_id()
-    headers = client_headers(request)
-    caller = await identify(request, headers)
-    if caller is None:
-        return error_response(protocol, GatewayError(ErrorKind.INVALID_KEY), request_id)
-    if request.method != "GET":
-        return error_response(protocol, GatewayError(ErrorKind.METHOD_NOT_ALLOWED), request_id)
-    models = [m for m in await directory.models(protocol.wire) if caller.allows(m)]
+    api, caller = call.api, call.caller
+    if call.request.method != "GET":
+        return error_response(api, GatewayError(ErrorKind.METHOD_NOT_ALLOWED))
+    models = [m for m in await directory.models(api.wire) if caller.allows(m)]
     if model is None:
-        body = protocol.models_body(models)
+        body = api.models_body(models)
     elif model in models:
-        body = dumps(protocol.model_entry(model))
+        body = dumps(api.model_entry(model))
     else:
-        return error_response(protocol, GatewayError(ErrorKind.MODEL_NOT_FOUND), request_id)
-    response = HttpResponse(body, content_type="application/json")
-    response[REQUEST_ID_HEADER] = request_id
+        return error_response(api, GatewayError(ErrorKind.MODEL_NOT_FOUND))
+    return HttpResponse(body, content_type="application/json")
+
+
+def unknown_path(api: Api) -> HttpResponse:
+    response = error_response(api, GatewayError(ErrorKind.UNKNOWN_PATH))
+    response[REQUEST_ID_HEADER] = new_request_id()
     return response
-
-
-def unknown_path(protocol: Api) -> HttpResponse:
-    return error_response(protocol, GatewayError(ErrorKind.UNKNOWN_PATH), new_request_id())

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
-from billing import dashboard, usage
+from billing import dashboard
 from hopbase import views
 
 GEMINI_VERSION = r"(?P<version>v1|v1beta|v1alpha)"
@@ -12,7 +12,7 @@ urlpatterns = [
     path("v1/responses", views.responses),
     path("v1/messages", views.messages),
     path("v1/models", views.models),
-    path("v1/usage", usage.usage),
+    path("v1/usage", views.usage),
     re_path(
         rf"^{GEMINI_VERSION}/models/(?P<model>[^/:]+):(?P<action>generateContent|streamGenerateContent)$",
         views.gemini_generate,

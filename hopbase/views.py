@@ -1,13 +1,20 @@
-"""One thin async view per endpoint (P1–P5); the work is in hopbase.intake."""
+"""One thin async view per endpoint (P1–P5, B8); the work is in
+hopbase.intake (generation, model lists) and billing.usage (usage)."""
 
 from __future__ import annotations
 
+import json
+
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from billing.usage import parse_page, read_page
 from channels_pool.selection import directory
-from hopbase import cached_contents, intake
-from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
+from core.errors import ErrorKind, GatewayError
+from hopbase import intake
+from hopbase.intake import Call, authorized
+from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
 
 
@@ -16,59 +23,77 @@ def openai_or_anthropic(request: HttpRequest) -> Api:
     return MESSAGES if "anthropic-version" in request.headers else CHAT
 
 
-def model_list_protocol(request: HttpRequest) -> Api:
+def model_list_api(request: HttpRequest) -> Api:
     # GET /v1/models is also where google-genai (API version v1) lists models.
     if "x-goog-api-key" in request.headers or "key" in request.GET:
         return GEMINI
     return openai_or_anthropic(request)
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await intake.serve(request, CHAT)
+@authorized(CHAT)
+async def chat_completions(call: Call) -> HttpResponse:
+    return await intake.serve(call)
 
 
-@csrf_exempt
-async def responses(request: HttpRequest) -> HttpResponse:
-    return await intake.serve(request, RESPONSES)
+@authorized(RESPONSES)
+async def responses(call: Call) -> HttpResponse:
+    return await intake.serve(call)
 
 
-@csrf_exempt
-async def messages(request: HttpRequest) -> HttpResponse:
-    return await intake.serve(request, MESSAGES)
+@authorized(MESSAGES)
+async def messages(call: Call) -> HttpResponse:
+    return await intake.serve(call)
 
 
-@csrf_exempt
-async def gemini_generate(request: HttpRequest, version: str, model: str, action: str) -> HttpResponse:
-    route = {"version": version, "model": model, "action": action, "alt": request.GET.get("alt", "")}
-    return await intake.serve(request, GEMINI, route)
-
-
-@csrf_exempt
-async def models(request: HttpRequest) -> HttpResponse:
-    return await intake.list_models(request, model_list_protocol(request))
+@authorized(GEMINI)
+async def gemini_generate(call: Call, version: str, model: str, action: str) -> HttpResponse:
+    route = {"version": version, "model": model, "action": action, "alt": call.request.GET.get("alt", "")}
+    return await intake.serve(call, route)
 
 
 @csrf_exempt
 async def gemini_cached_contents(request: HttpRequest, version: str) -> HttpResponse:
     if request.method != "POST":
+        # Reading, updating and deleting caches are not offered.
         return intake.unknown_path(GEMINI)
-    return await cached_contents.create(request, version)
+    return await create_gemini_cache(request, version=version)
 
 
-@csrf_exempt
-async def model(request: HttpRequest, model: str) -> HttpResponse:
-    return await intake.list_models(request, model_list_protocol(request), model)
+@authorized(GEMINI_CACHES)
+async def create_gemini_cache(call: Call, version: str) -> HttpResponse:
+    return await intake.serve(call, {"version": version})
 
 
-@csrf_exempt
-async def gemini_models(request: HttpRequest, version: str) -> HttpResponse:
-    return await intake.list_models(request, GEMINI)
+@authorized(model_list_api)
+async def models(call: Call) -> HttpResponse:
+    return await intake.list_models(call)
 
 
-@csrf_exempt
-async def gemini_model(request: HttpRequest, version: str, model: str) -> HttpResponse:
-    return await intake.list_models(request, GEMINI, model)
+@authorized(model_list_api)
+async def model(call: Call, model: str) -> HttpResponse:
+    return await intake.list_models(call, model)
+
+
+@authorized(GEMINI)
+async def gemini_models(call: Call, version: str) -> HttpResponse:
+    return await intake.list_models(call)
+
+
+@authorized(GEMINI)
+async def gemini_model(call: Call, version: str, model: str) -> HttpResponse:
+    return await intake.list_models(call, model)
+
+
+@authorized(CHAT)
+async def usage(call: Call) -> HttpResponse:
+    try:
+        if call.request.method != "GET":
+            raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {call.request.method} is not allowed here; use GET.")
+        page = parse_page(call.caller.tenant_id, call.request.GET)
+        body = await sync_to_async(read_page, thread_sensitive=False)(page)
+    except GatewayError as error:
+        return intake.error_response(CHAT, error)
+    return HttpResponse(json.dumps(body, separators=(",", ":")), content_type="application/json")
 
 
 @csrf_exempt

@@ -1,9 +1,9 @@
-"""One module per wire protocol, each behind the interface in ``base``."""
+"""One module per client API, each behind the interface in ``base``."""
 
-from core.usage import Usage
 from hopbase.protocols.anthropic_messages import Messages
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
 from hopbase.protocols.gemini import Gemini
+from hopbase.protocols.gemini_caches import GeminiCaches
 from hopbase.protocols.openai_chat import ChatCompletions
 from hopbase.protocols.openai_responses import Responses
 
@@ -11,5 +11,6 @@ CHAT = ChatCompletions()
 RESPONSES = Responses()
 MESSAGES = Messages()
 GEMINI = Gemini()
+GEMINI_CACHES = GeminiCaches()
 
-__all__ = ["CHAT", "GEMINI", "MESSAGES", "RESPONSES", "Mark", "Api", "RequestFacts", "StreamWatcher", "Usage"]
+__all__ = ["CHAT", "GEMINI", "GEMINI_CACHES", "MESSAGES", "RESPONSES", "Api", "Mark", "RequestFacts", "StreamWatcher"]

@@ -129,6 +129,13 @@ class Api:
     wire: ClassVar[WireProtocol]  # the protocol of the channels that serve it
     keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
     watcher: ClassVar[type[StreamWatcher]]
+    # False: the channel answers with one JSON body, not an event stream.
+    upstream_streams: ClassVar[bool] = True
+
+    def slow_start_applies(self, model: str, facts: RequestFacts) -> bool:
+        """F3: Claude models without extended thinking must start within a
+        limit (``model`` is the name the channel is sent)."""
+        return model.startswith("claude") and not facts.thinking
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         raise NotImplementedError

@@ -1,0 +1,33 @@
+"""The gateway as it runs: the relay put together from the process's real
+collaborators, once per event loop (the HTTP client's pool belongs to one
+loop; Daphne runs one, the tests several)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from billing.recorder import recorder
+from channels_pool.affinity import affinity
+from channels_pool.health import board
+from channels_pool.selection import directory
+from channels_pool.upstream import new_client
+from hopbase.limits import limits
+from hopbase.relay import Relay, Timings
+
+_relays: dict[int, Relay] = {}
+
+
+def relay() -> Relay:
+    loop_id = id(asyncio.get_running_loop())
+    built = _relays.get(loop_id)
+    if built is None:
+        built = _relays[loop_id] = Relay(
+            http=new_client(),
+            board=board,
+            limits=limits,
+            affinity=affinity,
+            recorder=recorder,
+            directory=directory,
+            timings=Timings.from_settings(),
+        )
+    return built

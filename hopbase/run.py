@@ -1,0 +1,267 @@
+"""One request's life in the relay: what it holds, what it has learned, how
+a committed stream is passed on, and its one record (rules M, S1, B1).
+
+Everything a request holds (its key slot, its channel's slot, the attempt
+itself) is entered into ``Run.resources`` the moment it is taken, and the
+stack is closed exactly once, by ``finish()``: no path can forget a release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from channels_pool.selection import ChannelInfo
+from channels_pool.upstream import Attempt, Signal
+from core.errors import (
+    FINAL,
+    INTERRUPTED_MESSAGE,
+    PROVIDER_ERROR_MESSAGE,
+    STALLED_MESSAGE,
+    ErrorKind,
+    GatewayError,
+    UpstreamFailure,
+)
+from core.usage import Usage
+from core.vocabulary import RequestStatus
+from hopbase.auth import Caller
+from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
+
+if TYPE_CHECKING:
+    from hopbase.relay import Relay
+
+STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+Status = RequestStatus
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+@dataclass
+class Reply:
+    """What the view sends: a whole body, or a stream of chunks."""
+
+    status: int
+    content_type: str
+    body: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    # For a stream: what to do if it is dropped without ever being read.
+    abandon: Callable[[], None] | None = None
+
+
+def error_reply(api: Api, error: GatewayError) -> Reply:
+    """One of HopBase's own errors, in the API's format (table E)."""
+    status, body = api.error_body(error)
+    headers = {}
+    if error.retry_after is not None:
+        headers["retry-after"] = str(error.retry_after)
+    if error.kind in FINAL:
+        headers["x-should-retry"] = "false"
+    return Reply(status, "application/json", body=body, headers=headers)
+
+
+@dataclass
+class Committed:
+    """The attempt the request belongs to now (M1), and what the hold kept."""
+
+    attempt: Attempt
+    watcher: StreamWatcher
+    first_bytes: bytes
+    ended: bool  # the terminal event is already among the first bytes
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a committed request ended. ``message`` None: the error kind's own."""
+
+    status: RequestStatus
+    busy: bool = False
+    message: str | None = None
+    retry_after: int | None = None
+
+    def stream_error(self, watcher: StreamWatcher) -> bytes:
+        kind = ErrorKind.STREAM_BUSY if self.busy else ErrorKind.STREAM_FAILED
+        return watcher.stream_error(kind, self.message or PROVIDER_ERROR_MESSAGE)
+
+    def error(self) -> GatewayError:
+        if self.busy:
+            return GatewayError(ErrorKind.ALL_BUSY, self.message, retry_after=self.retry_after or 1)
+        return GatewayError(ErrorKind.ALL_FAILED, self.message)
+
+
+class Run:
+    """One request. ``finish()`` lets go of everything and records it, once."""
+
+    def __init__(
+        self, relay: Relay, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
+    ) -> None:
+        self.relay = relay
+        self.request_id = request_id
+        self.api = api
+        self.caller = caller
+        self.facts = facts
+        self.headers = headers
+        self.created_at = timezone.now()
+        self.started = time.monotonic()
+        self.resources = ExitStack()
+        self.attempts = 0
+        self.channel: ChannelInfo | None = None
+        self.watcher: StreamWatcher | None = None
+        self.committed = False  # the request belongs to self.channel now (M1)
+        # Set with the first content token: from then on the request is
+        # billed for its output, and a failure is an interruption, not a
+        # failure before the first token (which costs nothing).
+        self.ttft_ms: int | None = None
+        self.upstream_status: int | None = None
+        self.error_kind = ""
+        self.ending = Ending(Status.CANCELLED)
+        self.status: RequestStatus | None = None  # set once, by finish()
+
+    def elapsed_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+    def content_arrived(self, channel_id: int) -> None:
+        """The channel delivered its first content token (or its terminal)."""
+        if self.ttft_ms is None:
+            self.ttft_ms = self.elapsed_ms()
+            self.relay.board.succeeded(channel_id, self.ttft_ms)
+
+    def cut_short(self, status: RequestStatus) -> RequestStatus:
+        """How a stream that ended early is logged: one committed by the hold
+        cap that never produced content failed before its first token, and
+        costs nothing (B5)."""
+        return status if self.ttft_ms is not None else Status.FAILED
+
+    # -- after the commit (M1–M6, S1) ------------------------------------
+
+    async def events(self, committed: Committed, keepalive: float | None) -> AsyncIterator[bytes]:
+        """The client's bytes from a committed attempt up to its end, with
+        keep-alives every ``keepalive`` seconds of client silence (None: no
+        keep-alives, for answers assembled whole). An early end yields the
+        caller's error event; ``self.ending`` says how it ended. The request
+        is finished when this ends, however it ends."""
+        loop = asyncio.get_running_loop()
+        attempt, watcher = committed.attempt, committed.watcher
+        stall = self.relay.timings.stall
+        try:
+            if committed.first_bytes:
+                yield committed.first_bytes
+            if committed.ended:
+                self.ending = self._completed(attempt)
+                if tail := watcher.end_of_stream():
+                    yield tail
+                return
+            last_to_client = last_from_channel = loop.time()
+            while True:
+                stall_at = last_from_channel + stall
+                wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
+                item = await attempt.next(wake_at - loop.time())
+                now = loop.time()
+                match item:
+                    case Signal.TIMEOUT:
+                        if now >= stall_at:
+                            self.error_kind = "stall"
+                            self.ending = Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE)
+                            yield self.ending.stream_error(watcher)
+                            return
+                        yield self.api.keepalive
+                        last_to_client = now
+                    case Signal.PROGRESS | Signal.OPENED:
+                        last_from_channel = now
+                    case Signal.END | UpstreamFailure():
+                        self.ending = self._ended_early(item, attempt)
+                        yield self.ending.stream_error(watcher)
+                        return
+                    case _:
+                        last_from_channel = now
+                        mark = watcher.mark(item)
+                        if mark & Mark.ERROR:
+                            self.error_kind = "error_event"
+                            busy = watcher.busy_error
+                            self.ending = Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
+                            yield self.ending.stream_error(watcher)
+                            return
+                        if mark & Mark.DROP:
+                            continue
+                        if mark & (Mark.CONTENT | Mark.TERMINAL):
+                            # Committed by the hold cap (F7): the channel has now delivered.
+                            self.content_arrived(attempt.channel.id)
+                        yield watcher.client_bytes(item)
+                        last_to_client = now
+                        if mark & Mark.TERMINAL:
+                            self.ending = self._completed(attempt)
+                            if tail := watcher.end_of_stream():
+                                yield tail
+                            return
+        finally:
+            self.finish(self.ending.status)
+
+    def _completed(self, attempt: Attempt) -> Ending:
+        attempt.completed = True
+        return Ending(Status.COMPLETED)
+
+    def _ended_early(self, item: Signal | UpstreamFailure, attempt: Attempt) -> Ending:
+        """A committed channel failed or hung up before its terminal event."""
+        failure = item if isinstance(item, UpstreamFailure) else UpstreamFailure("cut")
+        self.error_kind = failure.kind
+        self.upstream_status = attempt.status
+        message = None if failure.busy else INTERRUPTED_MESSAGE
+        return Ending(self.cut_short(Status.INTERRUPTED), failure.busy, message, failure.retry_after)
+
+    def stream(self, committed: Committed) -> AsyncIterator[bytes]:
+        return self.events(committed, self.relay.timings.keepalive)
+
+    async def collect(self, committed: Committed) -> Reply:
+        """F4: a non-streaming request, assembled from the channel's stream."""
+        async for _ in self.events(committed, keepalive=None):
+            pass
+        if self.ending.status is not Status.COMPLETED:
+            return error_reply(self.api, self.ending.error())
+        return Reply(200, "application/json", body=committed.watcher.assembled_body())
+
+    # -- the end -----------------------------------------------------------
+
+    def finish(self, status: RequestStatus) -> None:
+        """Let go of everything held and record the request (once)."""
+        if self.status is not None:
+            return
+        self.status = status
+        self.resources.close()
+        relay, channel, watcher = self.relay, self.channel, self.watcher
+        if self.committed and channel is not None and status in (Status.STALLED, Status.INTERRUPTED, Status.FAILED):
+            # A channel committed to (M1) that then let the request down; a
+            # failure before that was counted by the hold, and a request the
+            # channel rightly refused (a 400) is no failure of the channel's.
+            relay.board.failed(channel.id, self.error_kind)
+        if status is Status.COMPLETED and watcher is not None and watcher.state_id and channel is not None:
+            relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
+        relay.recorder.record(
+            self.caller.finished(
+                self.request_id,
+                self.api.name,
+                status,
+                created_at=self.created_at,
+                model=self.facts.model,
+                stream=self.facts.stream,
+                channel_id=channel.id if channel else None,
+                error_kind=self.error_kind,
+                attempts=self.attempts,
+                usage=watcher.usage if watcher is not None else Usage(),
+                # A request no channel accepted (never a 200) had no prompt
+                # processed: nothing to estimate input from.
+                prompt_chars=self.facts.prompt_chars if self.upstream_status == 200 else 0,
+                sent_chars=watcher.sent_chars if watcher is not None and status is not Status.FAILED else 0,
+                ttft_ms=self.ttft_ms,
+                duration_ms=self.elapsed_ms(),
+                upstream_status=self.upstream_status,
+            )
+        )
