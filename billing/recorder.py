@@ -3,18 +3,18 @@
 The relay hands a ``Finished`` record to ``record()``, which only appends to
 a queue: it never blocks the event loop and works from a cancelled task's
 ``finally``. One writer thread per process turns the queue into batched
-inserts, applying metering on the way.
+inserts, applying metering on the way, and logs a line per request.
 
 After each batch commits, its ids go to settlement (billing.tasks.Publisher:
 a Celery message per batch, or, without REDIS_URL, settlement run right here
 in eager mode). Publishing happens on this thread, never the event loop, and
 gives up fast when the broker is down: the sweep settles those logs later.
 
-Without REDIS_URL there is no Celery beat, so this thread also runs the
-sweep every HOPBASE_SWEEP_INTERVAL seconds. It is the natural place: it
-exists only in a process that serves requests (the gateway), starting with
-its first request, so manage.py commands, workers and the test process
-never sweep behind anyone's back.
+That is all this thread does, so a database outage it waits out (with
+backoff, for minutes) holds up nothing else. The gateway's other background
+work runs on threads of its own (hopbase.background): the in-process sweep
+(billing.jobs), channel health (channels_pool.jobs) and keys' last use
+(hopbase.key_usage).
 """
 
 from __future__ import annotations
@@ -40,13 +40,10 @@ from django.db import (
 
 from billing.metering import billable_tokens
 from billing.models import RequestLog
-from billing.settlement import SWEEP_DELAY, sweep
 from billing.tasks import publisher
-from channels_pool import health
 from core.snapshots import refresh_connection
 from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
-from hopbase.models import ApiKey
 
 log = logging.getLogger("hopbase.requests")
 
@@ -102,11 +99,6 @@ def to_row(item: Finished) -> RequestLog:
     )
 
 
-def in_process_sweep_interval() -> float | None:
-    """Seconds between in-process sweeps: only without a broker (no beat)."""
-    return None if settings.REDIS_URL else settings.HOPBASE_SWEEP_INTERVAL
-
-
 _STOP = object()
 # A database outage is waited out for about four minutes (backoff to 30 s).
 WRITE_TRIES = 12
@@ -115,21 +107,13 @@ WRITE_TRIES = 12
 class Recorder:
     BATCH = 500
 
-    def __init__(
-        self,
-        publish: Callable[[list[int]], object] = publisher.publish,
-        sweep_every: float | None = None,
-    ) -> None:
+    def __init__(self, publish: Callable[[list[int]], object] = publisher.publish) -> None:
         self._queue: queue.SimpleQueue[Finished | object | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending = 0
         self._written = threading.Condition(self._lock)
         self._publish = publish
-        self._sweep_every = sweep_every
-        # The first sweep comes soon after start-up: it settles what a previous
-        # run of the gateway left behind.
-        self._next_sweep = time.monotonic() + min(sweep_every or 0, SWEEP_DELAY.total_seconds())
 
     def record(self, item: Finished) -> None:
         with self._lock:
@@ -148,10 +132,7 @@ class Recorder:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            try:
-                first = self._queue.get(timeout=self._until_sweep())
-            except queue.Empty:
-                first = None
+            first = self._queue.get()
             stopping = first is _STOP
             batch = [first] if isinstance(first, Finished) else []
             while batch and len(batch) < self.BATCH:
@@ -173,25 +154,7 @@ class Recorder:
                     with self._lock:
                         self._pending -= len(batch)
                         self._written.notify_all()
-            if not stopping and self._until_sweep() == 0:
-                self._sweep()
         connections.close_all()
-
-    def _until_sweep(self) -> float | None:
-        if self._sweep_every is None:
-            return None
-        return max(0.0, self._next_sweep - time.monotonic())
-
-    def _sweep(self) -> None:
-        try:
-            refresh_connection()
-            result = sweep()
-            if result.settled:
-                log.info("in-process sweep settled %d request logs", result.settled)
-        except Exception:
-            log.exception("in-process settlement sweep failed")
-        if self._sweep_every is not None:
-            self._next_sweep = time.monotonic() + self._sweep_every
 
     def _write(self, batch: list[Finished]) -> None:
         """Insert a batch; never lose it to one bad row or a short outage.
@@ -204,7 +167,7 @@ class Recorder:
         for _ in range(WRITE_TRIES):
             try:
                 refresh_connection()
-                self._insert([to_row(item) for item in batch], batch)
+                self._insert([to_row(item) for item in batch])
                 break
             except IntegrityError:
                 self._insert_one_by_one(batch)
@@ -221,20 +184,15 @@ class Recorder:
         else:
             for item in batch:
                 log.error("request log lost: %r", item)
-        try:
-            health.persist(health.board.changes())
-        except Exception:
-            log.exception("could not write channel health")
         for item in batch:
             log.info(
                 "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",
                 item.request_id, item.tenant_id, item.model, item.status, item.attempts, item.ttft_ms, item.duration_ms,
             )
 
-    def _insert(self, rows: list[RequestLog], batch: list[Finished]) -> None:
+    def _insert(self, rows: list[RequestLog]) -> None:
         with transaction.atomic():
             RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
-            self._touch_keys(batch)
             # bulk_create(ignore_conflicts=True) returns no ids: ask for them.
             ids = list(
                 RequestLog.objects.filter(request_id__in=[row.request_id for row in rows], settled_at__isnull=True)
@@ -248,25 +206,13 @@ class Recorder:
             try:
                 row = to_row(item)
                 try:
-                    self._insert([row], [item])
+                    self._insert([row])
                 except IntegrityError:
                     # Most likely its channel was deleted in the meantime.
                     row.channel_id = None
-                    self._insert([row], [item])
+                    self._insert([row])
             except Exception:
                 log.exception("request log lost: %r", item)
-
-    @staticmethod
-    def _touch_keys(batch: list[Finished]) -> None:
-        last_used: dict[int, datetime] = {}
-        for item in batch:
-            known = last_used.get(item.api_key_id)
-            if known is None or item.created_at > known:
-                last_used[item.api_key_id] = item.created_at
-        # In id order, so that concurrent writers (several workers) cannot
-        # deadlock on each other's keys.
-        for key_id, when in sorted(last_used.items()):
-            ApiKey.objects.filter(pk=key_id).exclude(last_used_at__gte=when).update(last_used_at=when)
 
     def flush(self, timeout: float = 10) -> bool:
         """Wait until everything recorded so far is written (or given up on)."""
@@ -281,4 +227,4 @@ class Recorder:
             thread.join(timeout)
 
 
-recorder = Recorder(sweep_every=in_process_sweep_interval())
+recorder = Recorder()

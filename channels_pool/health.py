@@ -9,8 +9,9 @@
 
 A skipped channel is still tried as a last resort when no healthy candidate
 is left. The state lives in process memory (the hot path never waits for the
-database); ``persist()`` writes it to ChannelHealth from the recorder's
-thread so operators see it in the admin.
+database); ``persist(board.changes())`` writes it to ChannelHealth every
+second or so from a thread of its own (channels_pool.jobs) so operators see
+it in the admin.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class HealthSnapshot:
 class HealthBoard:
     def __init__(self) -> None:
         self._breakers: dict[int, Breaker] = {}
-        # The event loop updates breakers; the recorder thread reads them.
+        # The event loop updates breakers; the health-writing thread reads them.
         self._lock = threading.Lock()
 
     def _breaker(self, channel_id: int) -> Breaker:

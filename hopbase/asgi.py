@@ -27,6 +27,8 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 
+from hopbase.background import ensure_started  # noqa: E402
+
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz")
 
 
@@ -41,6 +43,7 @@ class ApiHandler(ASGIHandler):
         await self.handle(scope, receive, send)
 
     async def handle(self, scope, receive, send) -> None:
+        ensure_started()
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from channels_pool import jobs
 from channels_pool.health import HealthBoard
+from channels_pool.jobs import HEALTH_INTERVAL, HealthWriter, health_writer
 from channels_pool.models import ChannelHealth
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
+from tests.factories import make_channel
 from tests.processes import start_gateway
 from tests.wire import call, wait_for_log, wait_for_records
 
@@ -88,6 +91,47 @@ class TestBreaker:
         assert board.changes() == []  # nothing new since
 
 
+@pytest.mark.django_db
+@pytest.mark.usefixtures("quick_breaker")
+class TestHealthWriter:
+    def test_it_writes_what_changed_and_nothing_when_nothing_did(self, django_assert_num_queries):
+        board, channel = HealthBoard(), make_channel()
+        write = HealthWriter(board)
+        board.failed(channel.pk, "http_500")
+        board.failed(channel.pk, "http_500")
+        board.failed(10**9, "http_500")  # a channel deleted meanwhile: skipped
+        assert write() == 2
+        health = ChannelHealth.objects.get(channel_id=channel.pk)
+        assert (health.state, health.failures, health.last_error_kind) == ("open", 2, "http_500")
+        with django_assert_num_queries(0):
+            assert write() == 0
+
+    def test_what_a_failed_write_could_not_store_is_written_at_the_next_tick(self, monkeypatch):
+        board, channel = HealthBoard(), make_channel()
+        write = HealthWriter(board)
+        board.failed(channel.pk, "http_500")
+
+        def database_down(snapshots):
+            raise RuntimeError("database down")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(jobs, "persist", database_down)
+            with pytest.raises(RuntimeError):
+                write()
+        assert not ChannelHealth.objects.filter(channel_id=channel.pk).exists()
+        assert write() == 1  # no new change on the board: the kept snapshot
+        assert ChannelHealth.objects.get(channel_id=channel.pk).failures == 1
+        board.succeeded(channel.pk, 90)
+        assert write() == 1
+        assert ChannelHealth.objects.get(channel_id=channel.pk).successes == 1
+
+    def test_the_job_runs_about_every_second_and_writes_once_more_on_stop(self):
+        job = health_writer(HealthBoard())
+        assert (job.name, job._interval, job._run_on_stop) == ("channel-health", HEALTH_INTERVAL, True)
+        assert 1 <= HEALTH_INTERVAL <= 2
+        assert not job.running
+
+
 @pytest.fixture(scope="module")
 def breaker_gateway(world):
     env = {
@@ -132,8 +176,9 @@ def test_a_channel_that_rightly_refuses_a_bad_request_is_not_marked_failing(gate
     request = call("chat", world.key, "bad-request", "hi")
     refused = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers)
     assert refused.status_code == 400
-    # Health is written after each batch of logs, in order: once a later
-    # request's success shows in health, the refusal's effect would too.
+    # Health is written every second from one thread, all changes so far at
+    # once: once a later request's success shows in health, the refusal's
+    # effect would too.
     good = world.channels["openai-failover-http-good"]
     before = ChannelHealth.objects.filter(channel_id=good).values_list("successes", flat=True).first() or 0
     later = call("chat", world.key, "failover-http", "hi")

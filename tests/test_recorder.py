@@ -1,11 +1,15 @@
 """The recorder: one request log per finished request, written in batches
-off the event loop, and not lost to one bad row or a dead writer."""
+off the event loop, and not lost to one bad row or a dead writer. It only
+records: keys' last use, channel health and the sweep run elsewhere
+(hopbase.background)."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import RequestLog
@@ -68,3 +72,18 @@ def test_the_writer_thread_survives_a_bad_request_and_writes_the_next():
     assert recorder.flush(10)
     recorder.stop()
     assert list(written([bad, good])) == [good.request_id]
+
+
+@pytest.mark.django_db
+def test_a_batch_touches_request_logs_only(django_capture_on_commit_callbacks):
+    key, _ = make_key()
+    batch = [finished(key), finished(key)]
+    published: list[list[int]] = []
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        Recorder(publish=published.append)._write(batch)
+    assert len(written(batch)) == 2
+    assert [sorted(ids) for ids in published] == [sorted(log.pk for log in written(batch).values())]
+    tables = {table for query in queries.captured_queries for table in ("apikey", "channelhealth") if table in query["sql"]}
+    assert tables == set()
+    key.refresh_from_db()
+    assert key.last_used_at is None

@@ -1,0 +1,42 @@
+"""Billing's periodic work in a gateway process: the in-process settlement
+sweep.
+
+With REDIS_URL, Celery beat runs ``billing.tasks.sweep_unsettled`` every
+HOPBASE_SWEEP_INTERVAL seconds. Without it there is no beat, so the gateway
+runs the same sweep on a thread of its own (``core.periodic``), started by
+``hopbase.background`` with the first API request: manage.py commands,
+Celery workers and the test process never sweep behind anyone's back. The
+first sweep comes soon after start-up (SWEEP_DELAY at most): it settles
+what a previous run of the gateway left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from billing.settlement import SWEEP_DELAY, sweep
+from core.periodic import Periodic
+
+log = logging.getLogger("hopbase.settlement")
+
+
+def in_process_sweep_interval() -> float | None:
+    """Seconds between in-process sweeps: only without a broker (no beat)."""
+    return None if settings.REDIS_URL else settings.HOPBASE_SWEEP_INTERVAL
+
+
+def sweep_once() -> int:
+    result = sweep()
+    if result.settled:
+        log.info("in-process sweep settled %d request logs", result.settled)
+    return result.settled
+
+
+def settlement_sweep() -> Periodic | None:
+    """The in-process sweep job (not started), or None when beat sweeps."""
+    interval = in_process_sweep_interval()
+    if interval is None:
+        return None
+    return Periodic("settlement-sweep", sweep_once, interval, first_delay=min(interval, SWEEP_DELAY.total_seconds()))
