@@ -126,8 +126,9 @@ class RedisCounters:
 
 
 class Limits:
-    def __init__(self) -> None:
-        self._counters: LocalCounters | RedisCounters | None = None
+    def __init__(self, counters: LocalCounters | RedisCounters | None = None) -> None:
+        # Chosen at first use unless given: settings may not be ready at import.
+        self._counters = counters
 
     @property
     def counters(self) -> LocalCounters | RedisCounters:

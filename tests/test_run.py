@@ -1,0 +1,211 @@
+"""A request's life after the commit (M1–M6, S1, B1), and what it holds:
+a ``Relay`` over scripted channels (tests/relay_fakes.py), timers of tens of
+milliseconds, no processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import orjson
+
+from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
+from core.vocabulary import RequestStatus
+from hopbase.protocols import CHAT, GEMINI_CACHES
+from tests.relay_fakes import (
+    DONE,
+    FAST,
+    PREAMBLE,
+    Answer,
+    Cut,
+    Hang,
+    Upstream,
+    build,
+    caller,
+    chat_chunk,
+    sse,
+)
+
+KEEPALIVE = CHAT.keepalive
+
+
+async def serve(bench, api=CHAT, body=None, route=None, key_concurrency=None):
+    body = body if body is not None else {"model": "gpt-test", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    facts = api.parse(body, orjson.dumps(body), route or {})
+    return await bench.relay.serve("req_test", api, caller(key_concurrency), facts, {})
+
+
+def read_all_of(bench, **kwargs) -> list[bytes]:
+    async def scenario():
+        reply = await serve(bench, **kwargs)
+        return [chunk async for chunk in reply.chunks]
+
+    return asyncio.run(scenario())
+
+
+def error_event(chunk: bytes) -> dict:
+    assert chunk.startswith(b"data: {") and chunk.endswith(b"\n\n"), chunk
+    return json.loads(chunk[len(b"data: ") :])["error"]
+
+
+# -- keep-alive (S1) ---------------------------------------------------------------
+
+
+def test_keepalives_fill_silences_only_between_whole_events():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), 0.2, chat_chunk(" there"), chat_chunk(finish="stop"), DONE])
+    bench = build(upstream, [upstream["a"].info], replace(FAST, stall=1.0))
+    chunks = read_all_of(bench)
+    positions = [i for i, chunk in enumerate(chunks) if chunk == KEEPALIVE]
+    assert positions, "a 0.2 s silence is longer than the 0.05 s keep-alive interval"
+    assert all(0 < i < len(chunks) - 1 for i in positions)
+    assert b"".join(c for c in chunks if c != KEEPALIVE) == PREAMBLE + chat_chunk("Hi") + chat_chunk(" there") + chat_chunk(finish="stop") + DONE
+    assert chunks[-1] == DONE
+
+
+def test_a_non_streaming_answer_gets_no_keepalives():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), 0.2, chat_chunk(finish="stop"), DONE])
+    bench = build(upstream, [upstream["a"].info], replace(FAST, stall=1.0))
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+    reply = asyncio.run(serve(bench, body=body))
+    assert json.loads(reply.body)["choices"][0]["message"]["content"] == "Hi"
+
+
+# -- ends after the first token (M2–M6) ------------------------------------------------
+
+
+def test_a_channel_silent_past_the_stall_timeout_ends_the_stream_with_an_error_event():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()])
+    bench = build(upstream, [upstream["a"].info])
+    chunks = read_all_of(bench)
+    assert error_event(chunks[-1])["message"] == STALLED_MESSAGE
+    assert DONE not in b"".join(chunks)
+    log = bench.recorder.only
+    assert (log.status, log.error_kind) == (RequestStatus.STALLED, "stall")
+    assert upstream["a"].closed == 1
+    assert bench.board._breakers[upstream["a"].info.id].last_error_kind == "stall"
+
+
+def test_a_providers_error_event_mid_stream_becomes_the_callers_own_error_event():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), sse({"error": {"message": "secret detail", "type": "server_error"}})])
+    bench = build(upstream, [upstream["a"].info])
+    chunks = read_all_of(bench)
+    error = error_event(chunks[-1])
+    assert error["message"] == PROVIDER_ERROR_MESSAGE
+    assert b"secret detail" not in b"".join(chunks)
+    assert bench.recorder.only.status is RequestStatus.INTERRUPTED
+
+
+def test_a_connection_cut_mid_stream_is_an_interruption():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Cut])
+    bench = build(upstream, [upstream["a"].info])
+    chunks = read_all_of(bench)
+    assert error_event(chunks[-1])["message"] == INTERRUPTED_MESSAGE
+    log = bench.recorder.only
+    assert (log.status, log.error_kind, log.sent_chars) == (RequestStatus.INTERRUPTED, "cut", 2)
+
+
+def test_a_non_streaming_request_cut_mid_way_gets_the_table_e_error():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Cut])
+    bench = build(upstream, [upstream["a"].info])
+    reply = asyncio.run(serve(bench, body={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}))
+    assert reply.status == 500  # table E: OpenAI's server_error
+    assert json.loads(reply.body)["error"]["message"] == INTERRUPTED_MESSAGE
+
+
+# -- cancellation (B1) and what a request holds -----------------------------------------
+
+
+def test_a_client_that_leaves_mid_stream_hangs_up_on_the_channel_and_frees_its_slots():
+    upstream = Upstream()
+    endless = Hang()
+    channel = upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), endless], max_concurrency=1)
+    bench = build(upstream, [channel])
+
+    async def scenario():
+        reply = await serve(bench, key_concurrency=1)
+        first = await anext(reply.chunks)
+        assert bench.slots_held() == {"key:1": 1, f"channel:{channel.id}": 1}
+        await reply.chunks.aclose()
+        return first
+
+    assert asyncio.run(scenario()) == PREAMBLE + chat_chunk("Hi")
+    assert upstream["a"].closed == 1
+    assert bench.slots_held() == {}
+    log = bench.recorder.only
+    assert (log.status, log.sent_chars) == (RequestStatus.CANCELLED, 2)
+
+
+def test_a_stream_dropped_before_it_is_read_is_recorded_and_lets_go():
+    upstream = Upstream()
+    channel = upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()], max_concurrency=1)
+    bench = build(upstream, [channel])
+
+    async def scenario():
+        reply = await serve(bench)
+        reply.abandon()
+        reply.abandon()  # the response may be closed twice: one record still
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert bench.recorder.only.status is RequestStatus.CANCELLED
+    assert bench.slots_held() == {}
+
+
+def test_a_request_cancelled_during_the_hold_lets_go_of_everything():
+    upstream = Upstream()
+    channel = upstream.channel("a", [PREAMBLE, Hang()], max_concurrency=1)
+    bench = build(upstream, [channel])
+
+    async def scenario():
+        task = asyncio.create_task(serve(bench, key_concurrency=1))
+        while not upstream["a"].requests:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(scenario())
+    assert bench.recorder.only.status is RequestStatus.CANCELLED
+    assert bench.slots_held() == {}
+
+
+# -- one relay for every request: Gemini cache creation (P9) ----------------------------
+
+
+def cache_request():
+    body = {"model": "models/gemini-test", "contents": [{"role": "user", "parts": [{"text": "remember this"}]}]}
+    return {"api": GEMINI_CACHES, "body": body, "route": {"version": "v1beta"}}
+
+
+def test_a_gemini_cache_is_created_through_the_relay_and_pins_its_channel():
+    upstream = Upstream()
+    created = b'{"name": "cachedContents/abc", "usageMetadata": {"totalTokenCount": 42}}'
+    channel = upstream.channel("a", Answer(200, created))
+    bench = build(upstream, [channel])
+    reply = asyncio.run(serve(bench, **cache_request()))
+    assert (reply.status, reply.body) == (200, created)
+    assert upstream["a"].requests[0].url.path == "/v1/v1beta/cachedContents"
+    log = bench.recorder.only
+    assert (log.status, log.model, log.usage.cache_write_tokens) == (RequestStatus.COMPLETED, "gemini-test", 42)
+    assert bench.relay.affinity.held["cachedContents/abc"] == (7, channel.id)
+
+
+def test_a_channel_answering_a_cache_creation_with_no_cache_fails_over():
+    upstream = Upstream()
+    broken = upstream.channel("broken", Answer(200, b"<html>oops</html>"))
+    good = upstream.channel("good", Answer(200, b'{"name": "cachedContents/ok"}'))
+    bench = build(upstream, [broken, good])
+    reply = asyncio.run(serve(bench, **cache_request()))
+    assert reply.status == 200
+    log = bench.recorder.only
+    assert (log.channel_id, log.attempts) == (good.id, 2)
+    assert bench.board._breakers[broken.id].last_error_kind == "error_event"
