@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.balances import balances, key_spend
@@ -24,7 +25,7 @@ from billing.recorder import recorder
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
 from core.vocabulary import RequestStatus
-from hopbase import gateway
+from hopbase import gateway, key_usage
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.run import Reply, error_reply, new_request_id
@@ -68,6 +69,7 @@ def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView],
             if caller is None:
                 response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
             else:
+                key_usage.note(caller.key_id, timezone.now())
                 response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
             response[REQUEST_ID_HEADER] = request_id
             return response

@@ -253,3 +253,17 @@ def test_a_revoked_key_stops_working_within_the_cache_ttl(gateway, world):
     while httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 200:
         assert time.monotonic() - revoked_at < 0.5 + 1  # HOPBASE_CONFIG_TTL in the test gateway, plus slack
     assert time.monotonic() - revoked_at < 1.5
+
+
+def test_a_request_marks_its_key_as_used(gateway, world):
+    from hopbase.models import ApiKey
+
+    key = ApiKey.objects.authenticate(world.other_key)
+    before = key.last_used_at
+    response = send(gateway, call("chat", world.other_key, "sim-model", "hi [sim tokens=1]", stream=False))
+    assert response.status_code == 200
+    deadline = time.monotonic() + 10  # written in the background every 5 s
+    while ApiKey.objects.get(pk=key.pk).last_used_at == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    used = ApiKey.objects.get(pk=key.pk).last_used_at
+    assert used is not None and used != before

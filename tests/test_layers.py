@@ -1,0 +1,74 @@
+"""Dependencies run one way (the layout in README, "How a request flows"):
+
+    hopbase (the gateway)  ->  channels_pool, billing  ->  core
+
+The gateway may use the channels and the money side; those two use only
+the shared core and the shared models, never the gateway or each other's
+logic; the core uses nothing of the three but their models. Read from the
+source, so a wrong-way import fails here even where nothing runs it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("core", "hopbase", "channels_pool", "billing")
+SHARED_MODELS = ("hopbase.models", "channels_pool.models", "billing.models")
+# What each package may import of the others (its own modules always).
+ALLOWED = {
+    "core": ("core", *SHARED_MODELS),
+    "channels_pool": ("core", "hopbase.models", "channels_pool"),
+    "billing": ("core", *SHARED_MODELS, "billing"),
+    "hopbase": PACKAGES,
+}
+MAX_LINES = 400
+
+
+def modules(package: str) -> list[Path]:
+    return sorted(p for p in (ROOT / package).rglob("*.py") if "migrations" not in p.parts)
+
+
+def imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            # ``from channels_pool import health`` imports a module too.
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name.split(".")[0] in PACKAGES}
+
+
+def permitted(name: str, allowed: tuple[str, ...]) -> bool:
+    """``name`` is a module, or ``module.attribute`` from a from-import."""
+    if name in PACKAGES:
+        return True  # a bare package import carries no layer's logic by itself
+    candidates = (name, name.rsplit(".", 1)[0])
+    return any(c not in PACKAGES and (c == p or c.startswith(p + ".")) for c in candidates for p in allowed)
+
+
+def violations(path: Path, package: str) -> set[str]:
+    return {name for name in imported_names(path) if not permitted(name, ALLOWED[package])}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_run_one_way(package):
+    wrong = [f"{path.relative_to(ROOT)} imports {sorted(found)}" for path in modules(package) if (found := violations(path, package))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_wrong_way_import_is_caught(tmp_path):
+    path = tmp_path / "recorder.py"
+    path.write_text("from hopbase.relay import Relay\nfrom hopbase.models import ApiKey\nfrom core.errors import GatewayError\n")
+    assert violations(path, "billing") == {"hopbase.relay", "hopbase.relay.Relay"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_400_lines(package):
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules(package) if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, long
