@@ -1,29 +1,17 @@
-"""A fake LLM provider: the upstream the gateway's tests and demo talk to.
+"""The simulator's server: routes requests, keeps the records and drives each answer.
 
-It sits at the far end of request -> auth -> channel choice -> *relay* ->
-metering: the relay sends it real provider requests and gets back the exact
-bytes OpenAI Chat, OpenAI Responses, Anthropic and Gemini would send, streaming
-or not. Misbehaviour is ordered per request with directives (status codes,
-in-stream errors, stalls, cut connections, odd chunking, pacing), and every
-request is recorded with the bytes it was answered with, so a test can check
-what the gateway relayed against what the upstream really sent.
+Each request is routed by path to its protocol, its directives are read
+(``requests``), a ``Record`` is kept of it (``records``), and its answer is
+rendered (``wire``) and sent over the hand-written HTTP layer (``http``),
+with the pacing, splitting and failures at token N the directives ask for.
 
-This module routes requests, keeps the records and drives each answer
-(pacing, failures at token N). Its parts:
-
-- ``simulator_http``: the HTTP/1.1 server layer on plain ``asyncio.start_server``,
-  with full control over chunk boundaries, pauses and how a connection ends;
-- ``simulator_requests``: the directives a request carries and its prompt words;
-- ``simulator_wire``: the exact bytes of each protocol's events and bodies.
-
-``python manage.py simulate_upstream`` runs it as a process; tests can also
-``await Simulator().start(host, 0)`` inside their own event loop.
+``python manage.py simulate_upstream`` runs it as a process (``run``); tests
+can also ``await Simulator().start(host, 0)`` inside their own event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import json
@@ -32,12 +20,12 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from channels_pool import simulator_wire as wire
-from channels_pool.simulator_http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
-from channels_pool.simulator_requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
+from channels_pool.simulator import wire
+from channels_pool.simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
+from channels_pool.simulator.records import Record
+from channels_pool.simulator.requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
 
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
 _GEMINI_MODELS = re.compile(r"/(v1|v1beta|v1alpha)/models")
@@ -48,66 +36,6 @@ ROUTES = {
     "/v1/responses": "responses",
     "/v1/messages": "anthropic",
 }
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass
-class Record:
-    id: int
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    peer: str
-    started_at: float
-    tag: str | None = None
-    protocol: str | None = None
-    model: str | None = None
-    stream: bool = False
-    body: Any = None
-    directives: dict[str, str] = field(default_factory=dict)
-    status: int | None = None
-    sent: bytearray = field(default_factory=bytearray)
-    tokens_sent: int = 0
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    completed: bool = False
-    client_closed_at: float | None = None
-    tokens_at_close: int | None = None
-
-    def note_hang_up(self) -> None:
-        # A caller leaving after the terminal event has not cut anything short.
-        if not self.completed:
-            self.client_closed_at = time.time()
-            self.tokens_at_close = self.tokens_sent
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "tag": self.tag,
-            "method": self.method,
-            "path": self.path,
-            "query": self.query,
-            "protocol": self.protocol,
-            "model": self.model,
-            "stream": self.stream,
-            "headers": self.headers,
-            "api_key": api_key_of(self.headers, self.query),
-            "peer": self.peer,
-            "body": self.body,
-            "directives": self.directives,
-            "status": self.status,
-            "sent_b64": base64.b64encode(bytes(self.sent)).decode(),
-            "tokens_sent": self.tokens_sent,
-            "started_at": self.started_at,
-            "first_token_at": self.first_token_at,
-            "finished_at": self.finished_at,
-            "completed": self.completed,
-            "client_closed_at": self.client_closed_at,
-            "tokens_at_close": self.tokens_at_close,
-        }
 
 
 # --------------------------------------------------------------------------- the server

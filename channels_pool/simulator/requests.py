@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels_pool.simulator_wire import OVERLOADED, SERVER
+from channels_pool.simulator.wire import OVERLOADED, SERVER
 
 _TEXT_DIRECTIVE = re.compile(r"\[sim\b([^\]]*)\]")
 
