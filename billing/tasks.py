@@ -13,8 +13,8 @@ settles every log still unsettled a little later.
   when REDIS_URL is set (settings.CELERY_BEAT_SCHEDULE).
 
 Without REDIS_URL Celery is eager: ``apply_async`` runs the task in the
-calling thread (the recorder's), and there is no beat; the recorder runs the
-sweep itself (billing.recorder).
+calling thread (the recorder's), and there is no beat; the gateway runs the
+sweep as a periodic job of its own (billing.jobs).
 """
 
 from __future__ import annotations

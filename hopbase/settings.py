@@ -218,7 +218,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 0, "socket_connect_timeout": 1
 CELERY_TASK_PUBLISH_RETRY = False
 HOPBASE_SWEEP_INTERVAL = env_seconds("HOPBASE_SWEEP_INTERVAL", 60)
 # Celery beat (only with REDIS_URL) settles what no task did; without Redis the
-# gateway's log writer runs the same sweep in-process (billing.recorder).
+# gateway runs the same sweep in-process, as a periodic job (billing.jobs).
 CELERY_BEAT_SCHEDULE = {
     "sweep-unsettled-request-logs": {
         "task": "billing.tasks.sweep_unsettled",
@@ -227,7 +227,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": HOPBASE_SWEEP_INTERVAL},
     },
 }
-# Test hook only (tests/test_settlement.py): the settlement step at which a
+# Test hook only (tests/test_settlement_worker.py): the settlement step at which a
 # worker kills itself, to prove a crash loses and doubles nothing. Empty: never.
 HOPBASE_TEST_CRASH_AT = env_str("HOPBASE_TEST_CRASH_AT", "")
 

@@ -16,7 +16,10 @@ import httpx
 import pytest
 from django.conf import settings
 
-from tests.processes import Service, start_gateway, start_simulator
+# Shared check modules: let pytest explain their failed asserts too.
+pytest.register_assert_rewrite("tests.protocol_checks", "tests.command_checks", "tests.settlement_checks")
+
+from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
 
 # Short timers so every failure rule can be exercised in about a second.
 GATEWAY_TIMERS = {

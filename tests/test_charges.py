@@ -74,7 +74,7 @@ def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
         assert logs[status].input_tokens == sent[status][1]  # reported up front by message_start
     assert (logs["failed"].input_tokens, logs["failed"].output_tokens) == (0, 0)
 
-    # What the Celery worker runs for them (tests/test_settlement.py runs a
+    # What the Celery worker runs for them (tests/test_settlement_worker.py runs a
     # real worker); twice, to show a retry charges nothing more.
     ids = [log.pk for log in logs.values()]
     settle_many(ids)
