@@ -17,7 +17,9 @@ import pytest
 from django.conf import settings
 
 # Shared check modules: let pytest explain their failed asserts too.
-pytest.register_assert_rewrite("tests.protocol_checks", "tests.command_checks", "tests.settlement_checks")
+pytest.register_assert_rewrite(
+    "tests.protocol_checks", "tests.command_checks", "tests.settlement_checks", "tests.relay_checks", "tests.relay_fakes"
+)
 
 from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
 
