@@ -23,6 +23,8 @@ pytest.register_assert_rewrite(
 
 from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
 
+pytest_plugins = ["tests.sdk_clients"]
+
 # Short timers so every failure rule can be exercised in about a second.
 GATEWAY_TIMERS = {
     "HOPBASE_KEEPALIVE_INTERVAL": "0.4",

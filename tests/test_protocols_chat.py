@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from tests.protocol_checks import (
-    DIRECT_KEY,
     TOOL_ARGUMENTS,
     TOOL_NAME,
     WEATHER_TOOL_OPENAI,
@@ -20,7 +18,6 @@ from tests.protocol_checks import (
     check_stream_headers,
     hooked_openai,
     new_tag,
-    openai_client,
     prompt,
     upstream_record,
     words,
@@ -29,14 +26,6 @@ from tests.protocol_checks import (
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def oai(gateway, world) -> openai.OpenAI:
-    return openai_client(gateway, world.key)
-
-
-@pytest.fixture
-def direct_oai(simulator) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{simulator.url}/v1", api_key=DIRECT_KEY, max_retries=0, timeout=20)
 
 
 # --------------------------------------------------------------------------- OpenAI Chat (P1, S2)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from google import genai
 from google.genai import types
 
 from tests.protocol_checks import (
-    DIRECT_KEY,
     check_credentials,
     check_log,
     check_stream_headers,
@@ -25,14 +23,6 @@ from tests.protocol_checks import (
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def gem(gateway, world) -> genai.Client:
-    return genai_client(gateway.url, world.key)
-
-
-@pytest.fixture
-def direct_gem(simulator) -> genai.Client:
-    return genai_client(simulator.url, DIRECT_KEY)
 
 
 # --------------------------------------------------------------------------- Gemini (P4)

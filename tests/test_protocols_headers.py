@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-import anthropic
-import openai
 import pytest
 
 from tests.protocol_checks import (
@@ -26,14 +24,6 @@ from tests.protocol_checks import (
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def oai(gateway, world) -> openai.OpenAI:
-    return openai_client(gateway, world.key)
-
-
-@pytest.fixture
-def claude(gateway, world) -> anthropic.Anthropic:
-    return anthropic_client(gateway, world.key)
 
 
 # --------------------------------------------------------------------------- hygiene (0.3)

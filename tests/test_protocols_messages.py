@@ -9,7 +9,6 @@ import anthropic
 import pytest
 
 from tests.protocol_checks import (
-    DIRECT_KEY,
     TOOL_ARGUMENTS,
     TOOL_NAME,
     WEATHER_TOOL_ANTHROPIC,
@@ -26,14 +25,6 @@ from tests.protocol_checks import (
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def claude(gateway, world) -> anthropic.Anthropic:
-    return anthropic_client(gateway, world.key)
-
-
-@pytest.fixture
-def direct_claude(simulator) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=simulator.url, api_key=DIRECT_KEY, max_retries=0, timeout=20)
 
 
 # --------------------------------------------------------------------------- Anthropic Messages (P3, S4)

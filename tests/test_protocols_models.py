@@ -15,14 +15,6 @@ from tests.protocol_checks import anthropic_client, genai_client, openai_client
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def oai(gateway, world) -> openai.OpenAI:
-    return openai_client(gateway, world.key)
-
-
-@pytest.fixture
-def claude(gateway, world) -> anthropic.Anthropic:
-    return anthropic_client(gateway, world.key)
 
 
 # --------------------------------------------------------------------------- model lists (P5)

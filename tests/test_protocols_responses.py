@@ -5,17 +5,14 @@ Shared checks and what they prove: tests/protocol_checks.py.
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from tests.protocol_checks import (
-    DIRECT_KEY,
     check_credentials,
     check_log,
     dump,
     hooked_openai,
     new_tag,
-    openai_client,
     prompt,
     upstream_record,
     words,
@@ -24,14 +21,6 @@ from tests.protocol_checks import (
 pytestmark = pytest.mark.gateway
 
 
-@pytest.fixture
-def oai(gateway, world) -> openai.OpenAI:
-    return openai_client(gateway, world.key)
-
-
-@pytest.fixture
-def direct_oai(simulator) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{simulator.url}/v1", api_key=DIRECT_KEY, max_retries=0, timeout=20)
 
 
 # --------------------------------------------------------------------------- OpenAI Responses (P2, S3)
