@@ -28,6 +28,9 @@ class ErrorKind(enum.Enum):
     UNKNOWN_PATH = "unknown_path"
     ALL_BUSY = "all_busy"
     ALL_FAILED = "all_failed"
+    # Not serving now: draining for a restart, or what a database outage or a
+    # full spool leaves unservable (D1–D3). Always with retry-after.
+    UNAVAILABLE = "unavailable"
     # In-stream errors after the first token (M2, M3, M5).
     STREAM_BUSY = "stream_busy"
     STREAM_FAILED = "stream_failed"
@@ -42,6 +45,7 @@ MESSAGES = {
     ErrorKind.UNKNOWN_PATH: "Unknown request URL.",
     ErrorKind.ALL_BUSY: "All model providers are overloaded right now. Please retry shortly.",
     ErrorKind.ALL_FAILED: "The model providers could not complete the request. Please retry.",
+    ErrorKind.UNAVAILABLE: "The service is temporarily unavailable. Please retry shortly.",
     ErrorKind.STREAM_BUSY: PROVIDER_ERROR_MESSAGE,
     ErrorKind.STREAM_FAILED: PROVIDER_ERROR_MESSAGE,
 }

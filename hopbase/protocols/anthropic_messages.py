@@ -30,6 +30,7 @@ ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.UNKNOWN_PATH: (404, "not_found_error"),
     ErrorKind.ALL_BUSY: (529, "overloaded_error"),
     ErrorKind.ALL_FAILED: (500, "api_error"),
+    ErrorKind.UNAVAILABLE: (503, "api_error"),
     ErrorKind.STREAM_BUSY: (529, "overloaded_error"),
     ErrorKind.STREAM_FAILED: (500, "api_error"),
 }

@@ -33,6 +33,7 @@ GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.UNKNOWN_PATH: (404, "NOT_FOUND"),
     ErrorKind.ALL_BUSY: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.ALL_FAILED: (503, "UNAVAILABLE"),
+    ErrorKind.UNAVAILABLE: (503, "UNAVAILABLE"),
     ErrorKind.STREAM_BUSY: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.STREAM_FAILED: (503, "UNAVAILABLE"),
 }

@@ -30,6 +30,7 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.UNKNOWN_PATH: (404, "invalid_request_error", "unknown_url"),
     ErrorKind.ALL_BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
     ErrorKind.ALL_FAILED: (500, "server_error", "server_error"),
+    ErrorKind.UNAVAILABLE: (503, "server_error", "server_error"),
     ErrorKind.STREAM_BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
     ErrorKind.STREAM_FAILED: (500, "server_error", "server_error"),
 }
