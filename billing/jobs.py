@@ -1,5 +1,10 @@
-"""Billing's periodic work in a gateway process: the in-process settlement
-sweep.
+"""Billing's periodic work in a gateway process: replaying the spools of
+dead gateway processes, and the in-process settlement sweep.
+
+Replay: a gateway process that was killed (SIGKILL, OOM) leaves its spool
+(billing.spool); every gateway process on the same host replays such files
+right after it starts and every SPOOL_REPLAY_INTERVAL seconds. (Celery
+workers may run on other hosts and cannot read them.)
 
 With REDIS_URL, Celery beat runs ``billing.tasks.sweep_unsettled`` every
 HOPBASE_SWEEP_INTERVAL seconds. Without it there is no beat, so the gateway
@@ -16,8 +21,12 @@ import logging
 
 from django.conf import settings
 
+from billing.recorder import recorder
 from billing.settlement import SWEEP_DELAY, sweep
+from billing.spool import replay_dead
 from core.periodic import Periodic
+
+SPOOL_REPLAY_INTERVAL = 10.0
 
 log = logging.getLogger("hopbase.settlement")
 
@@ -40,3 +49,12 @@ def settlement_sweep() -> Periodic | None:
     if interval is None:
         return None
     return Periodic("settlement-sweep", sweep_once, interval, first_delay=min(interval, SWEEP_DELAY.total_seconds()))
+
+
+def replay_spools() -> int:
+    return replay_dead(settings.HOPBASE_SPOOL_DIR, recorder.write_now)
+
+
+def spool_replayer() -> Periodic:
+    """The job that turns dead processes' spools into rows (not started)."""
+    return Periodic("spool-replay", replay_spools, SPOOL_REPLAY_INTERVAL, first_delay=0)

@@ -1,17 +1,19 @@
 """Recording finished requests: one RequestLog row per request (P8).
 
-The relay hands a ``Finished`` record to ``record()``, which only appends to
-a queue: it never blocks the event loop and works from a cancelled task's
-``finally``. One writer thread per process turns the queue into batched
-inserts, applying metering on the way, and logs a line per request.
+The relay hands a ``Finished`` record to ``record()``, which writes it to the
+spool on disk (billing.spool: one ``os.write``, so it survives the death of
+the process) and appends it to a queue: it never waits on the database and
+works from a cancelled task's ``finally``. One writer thread per process
+turns the queue into batched inserts, applying metering on the way, tells
+the spool what is written, and logs a line per request.
 
 After each batch commits, its ids go to settlement (billing.tasks.Publisher:
 a Celery message per batch, or, without REDIS_URL, settlement run right here
 in eager mode). Publishing happens on this thread, never the event loop, and
 gives up fast when the broker is down: the sweep settles those logs later.
 
-That is all this thread does, so a database outage it waits out (with
-backoff, for minutes) holds up nothing else. The gateway's other background
+That is all this thread does, so a database outage it waits out (retrying
+every couple of seconds, for as long as it lasts) holds up nothing else. The gateway's other background
 work runs on threads of its own (hopbase.background): the in-process sweep
 (billing.jobs), channel health (channels_pool.jobs) and keys' last use
 (hopbase.key_usage).
@@ -25,9 +27,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from decimal import Decimal
 
 from django.conf import settings
 from django.db import (
@@ -38,36 +37,14 @@ from django.db import (
     transaction,
 )
 
+from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import RequestLog
+from billing.spool import Spool
 from billing.tasks import publisher
 from core.snapshots import refresh_connection
-from core.usage import Usage
-from core.vocabulary import ApiName, RequestStatus
 
 log = logging.getLogger("hopbase.requests")
-
-
-@dataclass
-class Finished:
-    request_id: str
-    created_at: datetime
-    tenant_id: int
-    api_key_id: int
-    protocol: ApiName
-    status: RequestStatus
-    model: str = ""
-    stream: bool = False
-    channel_id: int | None = None
-    error_kind: str = ""
-    attempts: int = 0
-    usage: Usage = field(default_factory=Usage)
-    prompt_chars: int = 0
-    sent_chars: int = 0
-    ttft_ms: int | None = None
-    duration_ms: int = 0
-    upstream_status: int | None = None
-    price_multiplier: Decimal | None = None
 
 
 def to_row(item: Finished) -> RequestLog:
@@ -100,27 +77,67 @@ def to_row(item: Finished) -> RequestLog:
 
 
 _STOP = object()
-# A database outage is waited out for about four minutes (backoff to 30 s).
-WRITE_TRIES = 12
+# A database outage is waited out for as long as it lasts, retrying this often.
+MAX_RETRY_DELAY = 2.0
 
 
 class Recorder:
     BATCH = 500
 
-    def __init__(self, publish: Callable[[list[int]], object] = publisher.publish) -> None:
+    def __init__(self, publish: Callable[[list[int]], object] = publisher.publish, spool: Spool | None = None) -> None:
         self._queue: queue.SimpleQueue[Finished | object | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending = 0
         self._written = threading.Condition(self._lock)
         self._publish = publish
+        self._spool = spool
+
+    @property
+    def spool(self) -> Spool:
+        if self._spool is None:
+            self._spool = Spool(settings.HOPBASE_SPOOL_DIR, settings.HOPBASE_SPOOL_MAX_BYTES)
+            atexit.register(self._spool.close)
+        return self._spool
 
     def record(self, item: Finished) -> None:
+        """A request's final record: on disk at once, in the database soon."""
+        self._journal(lambda: self.spool.final(item))
         with self._lock:
             self._pending += 1
         self._queue.put(item)
         if self._thread is None:
             self._start()
+
+    def track(self, request_id: str, snapshot: Callable[[], Finished]) -> None:
+        """A stream in flight, journalled so that its process's death still
+        leaves its row."""
+        self._journal(lambda: self.spool.track(request_id, snapshot))
+
+    def progress(self, item: Finished) -> None:
+        self._journal(lambda: self.spool.progress(item))
+
+    @staticmethod
+    def _journal(write: Callable[[], None]) -> None:
+        try:
+            write()
+        except Exception:
+            # A broken disk (or record) must not lose the request: it still
+            # reaches the database through the queue.
+            log.exception("could not write the request spool")
+
+    def write_now(self, items: list[Finished]) -> bool:
+        """Write records read back from a spool, here and now; False if the
+        database cannot take them yet."""
+        try:
+            refresh_connection()
+            self._insert([to_row(item) for item in items])
+        except (OperationalError, InterfaceError):
+            connections.close_all()
+            return False
+        except IntegrityError:
+            self._insert_one_by_one(items)
+        return True
 
     def _start(self) -> None:
         with self._lock:
@@ -163,8 +180,8 @@ class Recorder:
         retried alone, then without its channel; a database that is down is
         retried with backoff. Only what still cannot be written after that
         is given up, each row logged in full so it can be replayed."""
-        delay = 1.0
-        for _ in range(WRITE_TRIES):
+        delay = 0.25
+        while True:
             try:
                 refresh_connection()
                 self._insert([to_row(item) for item in batch])
@@ -173,17 +190,19 @@ class Recorder:
                 self._insert_one_by_one(batch)
                 break
             except (OperationalError, InterfaceError):
-                log.exception("database unavailable; %d request logs wait %.0f s", len(batch), delay)
+                # The records are safe in the spool; keep trying, never more
+                # than a couple of seconds apart, so they arrive soon after
+                # the database does.
+                if delay >= MAX_RETRY_DELAY:
+                    log.warning("database unavailable; %d request logs wait", len(batch))
                 connections.close_all()
                 time.sleep(delay)
-                delay = min(delay * 2, 30)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
             except Exception:
                 log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
                 self._insert_one_by_one(batch)
                 break
-        else:
-            for item in batch:
-                log.error("request log lost: %r", item)
+        self.spool.committed([item.request_id for item in batch])
         for item in batch:
             log.info(
                 "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",

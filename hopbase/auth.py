@@ -4,26 +4,38 @@ the database for a key it has just seen.
 
 A revoked key keeps working for at most HOPBASE_CONFIG_TTL seconds (5 by
 default) in each gateway process that had it cached.
+
+While the database is unreachable (D3) a key is answered from what this
+process last learnt of it, for up to HOPBASE_STALE_MAX_AGE seconds (a key
+revoked meanwhile keeps working as long); a key it knows nothing of raises
+``DatabaseUnavailable`` (503 in the caller's format, with retry-after),
+never the "no such key" answer.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from billing.recorder import Finished
-from core.snapshots import refresh_connection
+from billing.finished import Finished
+from core.dependencies import database
+from core.errors import DatabaseUnavailable
+from core.snapshots import database_call, in_background, stale_max_age
 from core.vocabulary import ApiName, RequestStatus
-from hopbase.models import ApiKey, hash_secret
+from hopbase.models import KEY_PREFIX, ApiKey, hash_secret
 
-# Bound the cache so a flood of random keys cannot grow it without limit.
+# Bound the cache so a flood of random keys cannot grow it without limit;
+# keys found to be unknown have a bound of their own, so that such a flood
+# cannot push out the known keys a database outage is ridden out with.
 MAX_CACHED_KEYS = 50_000
+MAX_UNKNOWN_KEYS = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,6 @@ def key_from_request(headers: dict[str, str], query_key: str | None) -> str | No
 
 
 def _load(secret: str) -> Caller | None:
-    refresh_connection()
     key = ApiKey.objects.authenticate(secret)
     if key is None:
         return None
@@ -81,24 +92,83 @@ def _load(secret: str) -> Caller | None:
     )
 
 
+@dataclass(frozen=True)
+class Entry:
+    caller: Caller | None  # None: no such key
+    loaded_at: float
+    expires: float
+
+
 class KeyCache:
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[float, Caller | None]] = {}
+    def __init__(self, load: Callable[[str], Caller | None] = _load) -> None:
+        self._load = load
+        self._known: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self._unknown: OrderedDict[str, Entry] = OrderedDict()
+        self._refreshing: set[str] = set()
 
     async def authenticate(self, secret: str) -> Caller | None:
+        """The caller a secret belongs to, or None for no such key. Raises
+        ``DatabaseUnavailable`` when the database cannot say and nothing
+        known answers."""
+        if not secret.startswith(KEY_PREFIX):
+            return None  # not a HopBase key: no need to ask
         digest = hash_secret(secret)
         now = time.monotonic()
-        hit = self._entries.get(digest)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        caller = await sync_to_async(_load, thread_sensitive=False)(secret)
-        if len(self._entries) >= MAX_CACHED_KEYS:
-            self._entries.clear()
-        self._entries[digest] = (now + settings.HOPBASE_CONFIG_TTL, caller)
+        entry = self._entry(digest)
+        if entry is not None:
+            if now < entry.expires:
+                return entry.caller
+            usable = now - entry.loaded_at <= stale_max_age()
+            if usable and (digest in self._refreshing or not database.up):
+                # Being refreshed by another request, or the database is
+                # down: what was last known, at once.
+                if digest not in self._refreshing and database.due():
+                    in_background(self._refresh_quietly(secret, digest))
+                return entry.caller
+        try:
+            return await self._refresh(secret, digest)
+        except DatabaseUnavailable:
+            if entry is not None and time.monotonic() - entry.loaded_at <= stale_max_age():
+                return entry.caller
+            raise
+
+    async def _refresh(self, secret: str, digest: str) -> Caller | None:
+        self._refreshing.add(digest)
+        try:
+            caller = await database_call(self._load, secret)
+        finally:
+            self._refreshing.discard(digest)
+        self._store(digest, caller)
         return caller
 
+    async def _refresh_quietly(self, secret: str, digest: str) -> None:
+        try:
+            await self._refresh(secret, digest)
+        except Exception:
+            pass  # the database is still down: the next probe tells
+
+    def _entry(self, digest: str) -> Entry | None:
+        entry = self._known.get(digest)
+        if entry is not None:
+            self._known.move_to_end(digest)
+            return entry
+        return self._unknown.get(digest)
+
+    def _store(self, digest: str, caller: Caller | None) -> None:
+        now = time.monotonic()
+        entry = Entry(caller, now, now + settings.HOPBASE_CONFIG_TTL)
+        kept, other, bound = (
+            (self._known, self._unknown, MAX_CACHED_KEYS) if caller else (self._unknown, self._known, MAX_UNKNOWN_KEYS)
+        )
+        other.pop(digest, None)  # a key revoked, or a key just made
+        kept[digest] = entry
+        kept.move_to_end(digest)
+        while len(kept) > bound:
+            kept.popitem(last=False)
+
     def clear(self) -> None:
-        self._entries.clear()
+        self._known.clear()
+        self._unknown.clear()
 
 
 keys = KeyCache()

@@ -3,6 +3,8 @@ request (``hopbase.asgi.ApiHandler.handle`` calls ``ensure_started()``):
 
 - channel health written to the database (channels_pool.jobs, ~1 s);
 - API keys' last_used_at written (hopbase.key_usage, ~5 s);
+- dead gateway processes' spools replayed into request logs (billing.jobs,
+  at start and every 10 s);
 - the settlement sweep, only without REDIS_URL, where there is no Celery
   beat (billing.jobs, every HOPBASE_SWEEP_INTERVAL s).
 
@@ -21,13 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from billing.jobs import settlement_sweep
+from billing.jobs import settlement_sweep, spool_replayer
 from channels_pool.jobs import health_writer
 from core.periodic import Periodic
 from hopbase.key_usage import key_usage_writer
 
 # Each makes one job (not started), or None when it has nothing to do here.
-JOBS: tuple[Callable[[], Periodic | None], ...] = (health_writer, key_usage_writer, settlement_sweep)
+JOBS: tuple[Callable[[], Periodic | None], ...] = (health_writer, key_usage_writer, settlement_sweep, spool_replayer)
 STOP_TIMEOUT = 5.0
 
 _started = False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,6 +29,7 @@ from typing import Protocol
 import httpx
 from django.conf import settings
 
+from billing.finished import Finished
 from channels_pool.affinity import Affinity
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
@@ -43,7 +45,9 @@ log = logging.getLogger("hopbase.relay")
 
 
 class Recorder(Protocol):
-    def record(self, item) -> None: ...
+    def record(self, item: Finished) -> None: ...
+    def track(self, request_id: str, snapshot: Callable[[], Finished]) -> None: ...
+    def progress(self, item: Finished) -> None: ...
 
 
 @dataclass(frozen=True)

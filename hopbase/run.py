@@ -13,11 +13,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from billing.finished import Finished
 from channels_pool.selection import ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core.errors import (
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from hopbase.relay import Relay
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# How often a stream in flight journals its progress (billing.spool).
+JOURNAL_EVERY = 2.0
 Status = RequestStatus
 
 
@@ -152,15 +155,15 @@ class Run:
         loop = asyncio.get_running_loop()
         attempt, watcher = committed.attempt, committed.watcher
         stall = self.relay.timings.stall
+        self.relay.recorder.track(self.request_id, self._in_flight)
         try:
+            if committed.ended:
+                yield self._end(self._completed(attempt), committed.first_bytes + watcher.end_of_stream())
+                return
             if committed.first_bytes:
                 yield committed.first_bytes
-            if committed.ended:
-                self.ending = self._completed(attempt)
-                if tail := watcher.end_of_stream():
-                    yield tail
-                return
             last_to_client = last_from_channel = loop.time()
+            next_journal = last_from_channel + JOURNAL_EVERY
             while True:
                 stall_at = last_from_channel + stall
                 wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
@@ -170,16 +173,14 @@ class Run:
                     case Signal.TIMEOUT:
                         if now >= stall_at:
                             self.error_kind = "stall"
-                            self.ending = Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE)
-                            yield self.ending.stream_error(watcher)
+                            yield self._end(Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE))
                             return
                         yield self.api.keepalive
                         last_to_client = now
                     case Signal.PROGRESS | Signal.OPENED:
                         last_from_channel = now
                     case Signal.END | UpstreamFailure():
-                        self.ending = self._ended_early(item, attempt)
-                        yield self.ending.stream_error(watcher)
+                        yield self._end(self._ended_early(item, attempt))
                         return
                     case _:
                         last_from_channel = now
@@ -187,23 +188,33 @@ class Run:
                         if mark & Mark.ERROR:
                             self.error_kind = "error_event"
                             busy = watcher.busy_error
-                            self.ending = Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
-                            yield self.ending.stream_error(watcher)
+                            yield self._end(Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None))
                             return
                         if mark & Mark.DROP:
                             continue
                         if mark & (Mark.CONTENT | Mark.TERMINAL):
                             # Committed by the hold cap (F7): the channel has now delivered.
                             self.content_arrived(attempt.channel.id)
+                        if mark & Mark.TERMINAL:
+                            yield self._end(self._completed(attempt), watcher.client_bytes(item) + watcher.end_of_stream())
+                            return
                         yield watcher.client_bytes(item)
                         last_to_client = now
-                        if mark & Mark.TERMINAL:
-                            self.ending = self._completed(attempt)
-                            if tail := watcher.end_of_stream():
-                                yield tail
-                            return
+                        if now >= next_journal:
+                            self.relay.recorder.progress(self._in_flight())
+                            next_journal = now + JOURNAL_EVERY
         finally:
             self.finish(self.ending.status)
+
+    def _end(self, ending: Ending, last: bytes | None = None) -> bytes:
+        """End the request as ``ending`` says and record it, then hand back
+        the last bytes for the client (by default the error event): the
+        record is on disk before they go out (D2)."""
+        self.ending = ending
+        if last is None:
+            last = ending.stream_error(self.watcher)
+        self.finish(ending.status)
+        return last
 
     def _completed(self, attempt: Attempt) -> Ending:
         attempt.completed = True
@@ -244,24 +255,31 @@ class Run:
             relay.board.failed(channel.id, self.error_kind)
         if status is Status.COMPLETED and watcher is not None and watcher.state_id and channel is not None:
             relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
-        relay.recorder.record(
-            self.caller.finished(
-                self.request_id,
-                self.api.name,
-                status,
-                created_at=self.created_at,
-                model=self.facts.model,
-                stream=self.facts.stream,
-                channel_id=channel.id if channel else None,
-                error_kind=self.error_kind,
-                attempts=self.attempts,
-                usage=watcher.usage if watcher is not None else Usage(),
-                # A request no channel accepted (never a 200) had no prompt
-                # processed: nothing to estimate input from.
-                prompt_chars=self.facts.prompt_chars if self.upstream_status == 200 else 0,
-                sent_chars=watcher.sent_chars if watcher is not None and status is not Status.FAILED else 0,
-                ttft_ms=self.ttft_ms,
-                duration_ms=self.elapsed_ms(),
-                upstream_status=self.upstream_status,
-            )
+        relay.recorder.record(self._record(status))
+
+    def _in_flight(self) -> Finished:
+        """What is known of the stream so far, as a record its process's
+        death would leave (billing.spool)."""
+        return self._record(Status.INTERRUPTED)
+
+    def _record(self, status: RequestStatus) -> Finished:
+        watcher = self.watcher
+        return self.caller.finished(
+            self.request_id,
+            self.api.name,
+            status,
+            created_at=self.created_at,
+            model=self.facts.model,
+            stream=self.facts.stream,
+            channel_id=self.channel.id if self.channel else None,
+            error_kind=self.error_kind,
+            attempts=self.attempts,
+            usage=replace(watcher.usage) if watcher is not None else Usage(),
+            # A request no channel accepted (never a 200) had no prompt
+            # processed: nothing to estimate input from.
+            prompt_chars=self.facts.prompt_chars if self.upstream_status == 200 else 0,
+            sent_chars=watcher.sent_chars if watcher is not None and status is not Status.FAILED else 0,
+            ttft_ms=self.ttft_ms,
+            duration_ms=self.elapsed_ms(),
+            upstream_status=self.upstream_status,
         )

@@ -104,6 +104,18 @@ def database_from_url(name: str, url: str | None) -> dict:
         "PORT": str(port or ""),
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
+        # A database host that stops answering must not hold a thread for
+        # minutes (D3): give up connecting after 2 s, and notice a dead peer
+        # (keep-alive probes; data unacknowledged for 15 s). Statements on the
+        # hot path's own connections get a deadline too (core.snapshots).
+        "OPTIONS": {
+            "connect_timeout": 2,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 15000,
+        },
     }
 
 
@@ -131,14 +143,26 @@ HOPBASE_FIRST_TOKEN_PER_10K = env_seconds("HOPBASE_FIRST_TOKEN_PER_10K", 1)
 HOPBASE_HOLD_MAX = env_seconds("HOPBASE_HOLD_MAX", 15)
 HOPBASE_STALL_TIMEOUT = env_seconds("HOPBASE_STALL_TIMEOUT", 180)
 HOPBASE_CAPACITY_WAIT = env_seconds("HOPBASE_CAPACITY_WAIT", 5)
+# On SIGTERM, the longest wait for requests in flight before they are ended (D1).
+HOPBASE_DRAIN_TIMEOUT = env_seconds("HOPBASE_DRAIN_TIMEOUT", 30)
 # Gateway limits and caches of our own.
 HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, minimum=1024)
 # How long a key, channel list or price list is trusted before the database is
 # asked again; a revoked key stops working within this many seconds.
 HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
+# While the database is unreachable, how long a key, channel list or price
+# list already known is still served (D3); a key never seen gets a 503.
+HOPBASE_STALE_MAX_AGE = env_seconds("HOPBASE_STALE_MAX_AGE", 600)
 HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
 HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)
+# Requests one process holds open at once; the excess is refused at once
+# (hopbase.admission). 0: derived from RLIMIT_NOFILE and the upstream pool.
+HOPBASE_MAX_OPEN_REQUESTS = env_int("HOPBASE_MAX_OPEN_REQUESTS", 0)
 HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
+# The journal of request records not yet in the database (billing.spool):
+# survives the death of the process, not of the machine.
+HOPBASE_SPOOL_DIR = Path(env_str("HOPBASE_SPOOL_DIR", str(BASE_DIR / "var" / "spool")))
+HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=64 * 1024)
 # Circuit breaker (channels_pool.health): failures in a row before a channel
 # is skipped, and the first and longest cool-down.
 HOPBASE_BREAKER_FAILURES = env_int("HOPBASE_BREAKER_FAILURES", 3, minimum=1)

@@ -121,6 +121,19 @@ def fresh_redis():
         redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_spool(tmp_path_factory):
+    """This run's request spool, for the test process and every gateway it
+    starts (they inherit the environment): never the project's var/spool,
+    where a later gateway on another database would replay it."""
+    import os
+
+    directory = tmp_path_factory.mktemp("spool")
+    os.environ["HOPBASE_SPOOL_DIR"] = str(directory)
+    settings.HOPBASE_SPOOL_DIR = directory
+    return directory
+
+
 @pytest.fixture(scope="session")
 def simulator():
     service = start_simulator()

@@ -100,11 +100,23 @@ class Upstream:
 
 
 class Recorded:
+    """The recorder: final records, and what was journalled in flight."""
+
     def __init__(self) -> None:
         self.items: list = []
+        self.journal: list = []
+        self.tracked: dict = {}
 
     def record(self, item) -> None:
+        self.tracked.pop(item.request_id, None)
         self.items.append(item)
+
+    def track(self, request_id, snapshot) -> None:
+        self.tracked[request_id] = snapshot
+        self.journal.append(snapshot())
+
+    def progress(self, item) -> None:
+        self.journal.append(item)
 
     @property
     def only(self):

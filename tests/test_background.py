@@ -73,15 +73,15 @@ def test_ensure_started_starts_each_job_once_even_from_several_threads(fake_jobs
     assert background.running() == []
 
 
-def test_the_real_jobs_are_the_three_of_the_gateway(settings):
+def test_the_real_jobs_are_the_gateways(settings):
     def names() -> list[str]:
         jobs = [make() for make in background.JOBS]
         return [job.name for job in jobs if job is not None]
 
     settings.REDIS_URL = None
-    assert names() == ["channel-health", "api-key-last-used", "settlement-sweep"]
+    assert names() == ["channel-health", "api-key-last-used", "settlement-sweep", "spool-replay"]
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    assert names() == ["channel-health", "api-key-last-used"]  # beat sweeps
+    assert names() == ["channel-health", "api-key-last-used", "spool-replay"]  # beat sweeps
 
 
 def test_an_api_request_starts_them(fake_jobs):

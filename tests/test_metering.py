@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from billing.finished import Finished
 from billing.metering import billable_tokens
-from billing.recorder import Finished, to_row
+from billing.recorder import to_row
 from core.usage import Usage, estimate_tokens
 
 

@@ -12,8 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.finished import Finished
 from billing.models import RequestLog
-from billing.recorder import Finished, Recorder
+from billing.recorder import Recorder
 from core.usage import Usage
 from tests.factories import make_channel, make_key
 

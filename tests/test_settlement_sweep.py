@@ -20,9 +20,10 @@ from django.utils import timezone
 
 from billing import settlement
 from billing.checks import ledger_problems
+from billing.finished import Finished
 from billing.jobs import in_process_sweep_interval, settlement_sweep
 from billing.models import RequestLog
-from billing.recorder import Finished, Recorder
+from billing.recorder import Recorder
 from billing.settlement import sweep, unsettled
 from billing.tasks import sweep_unsettled
 from tests.factories import make_key, make_log, unique

@@ -25,8 +25,9 @@ from celery import Celery
 from django.conf import settings
 from django.utils import timezone
 
+from billing.finished import Finished
 from billing.models import RequestLog
-from billing.recorder import Finished, Recorder
+from billing.recorder import Recorder
 from billing.tasks import Publisher, settle_request_logs
 from core.usage import Usage
 from tests.conftest import database_url_for_subprocess

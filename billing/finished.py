@@ -1,0 +1,60 @@
+"""``Finished``: what the gateway knows of a request when it ends (or, for
+a stream in flight, so far), on its way to becoming a request log; and its
+one-line JSON form, for the spool on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from core.usage import Usage
+from core.vocabulary import ApiName, RequestStatus
+
+
+@dataclass
+class Finished:
+    request_id: str
+    created_at: datetime
+    tenant_id: int
+    api_key_id: int
+    protocol: ApiName
+    status: RequestStatus
+    model: str = ""
+    stream: bool = False
+    channel_id: int | None = None
+    error_kind: str = ""
+    attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+    prompt_chars: int = 0
+    sent_chars: int = 0
+    ttft_ms: int | None = None
+    duration_ms: int = 0
+    upstream_status: int | None = None
+    price_multiplier: Decimal | None = None
+
+    def to_json(self) -> bytes:
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["usage"] = dataclasses.asdict(self.usage)
+        values["created_at"] = self.created_at.isoformat()
+        if self.price_multiplier is not None:
+            values["price_multiplier"] = str(self.price_multiplier)
+        return orjson.dumps(values)
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> Finished:
+        """The inverse of ``to_json`` (given its parsed object); raises
+        ``ValueError``/``TypeError``/``KeyError`` on anything else."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {name: values[name] for name in names if name in values}
+        fields["usage"] = Usage(**values["usage"])
+        fields["created_at"] = datetime.fromisoformat(values["created_at"])
+        fields["protocol"] = ApiName(values["protocol"])
+        fields["status"] = RequestStatus(values["status"])
+        if values.get("price_multiplier") is not None:
+            fields["price_multiplier"] = Decimal(values["price_multiplier"])
+        return cls(**fields)
