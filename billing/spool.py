@@ -64,6 +64,7 @@ class Spool:
         self._in_flight: dict[str, Callable[[], Finished]] = {}
         self._count = 0
         self._pid = 0
+        self._size = 0  # bytes in the segments not yet deleted
 
     # -- writing -----------------------------------------------------------
 
@@ -95,7 +96,7 @@ class Spool:
 
     @property
     def size(self) -> int:
-        return sum(segment.size for segment in self._segments)
+        return self._size
 
     @property
     def full(self) -> bool:
@@ -106,6 +107,7 @@ class Spool:
         line = kind + item.to_json() + b"\n"
         os.write(segment.fd, line)
         segment.size += len(line)
+        self._size += len(line)
         if kind == FINAL:
             segment.pending.add(item.request_id)
             self._home[item.request_id] = segment
@@ -116,7 +118,7 @@ class Spool:
         if os.getpid() != self._pid:
             # A forked child (manage.py serve's workers) must not share its
             # parent's files or locks.
-            self._segments, self._home, self._pid = [], {}, os.getpid()
+            self._segments, self._home, self._pid, self._size = [], {}, os.getpid(), 0
         if not self._segments:
             self._open_segment()
         return self._segments[-1]
@@ -137,6 +139,7 @@ class Spool:
             line = PROGRESS + snapshot().to_json() + b"\n"
             os.write(current.fd, line)
             current.size += len(line)
+            self._size += len(line)
         self._prune()
 
     def _prune(self) -> None:
@@ -146,6 +149,7 @@ class Spool:
             if segment.pending:
                 keep.append(segment)
             else:
+                self._size -= segment.size
                 _delete(segment)
         self._segments = keep + self._segments[-1:]
 

@@ -23,7 +23,7 @@ from billing.balances import balances, key_spend
 from billing.pricing import prices
 from billing.recorder import recorder
 from channels_pool.selection import directory
-from core.errors import ErrorKind, GatewayError
+from core.errors import DatabaseUnavailable, ErrorKind, GatewayError
 from core.vocabulary import RequestStatus
 from hopbase import gateway, key_usage
 from hopbase.auth import Caller, key_from_request, keys
@@ -31,6 +31,8 @@ from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.run import Reply, error_reply, new_request_id
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
+SPOOL_FULL_MESSAGE = "The gateway cannot record requests right now. Please retry shortly."
+SPOOL_FULL_RETRY_AFTER = 10
 # Requests with an unknown key are counted (per process), not logged (P8).
 _unknown_keys = 0
 
@@ -65,12 +67,17 @@ def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView],
             chosen = api if isinstance(api, Api) else api(request)
             request_id = new_request_id()
             headers = client_headers(request)
-            caller = await identify(request, headers)
-            if caller is None:
-                response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
-            else:
-                key_usage.note(caller.key_id, timezone.now())
-                response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
+            try:
+                caller = await identify(request, headers)
+                if caller is None:
+                    response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
+                else:
+                    key_usage.note(caller.key_id, timezone.now())
+                    response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
+            except DatabaseUnavailable as error:
+                # D3: the database did not answer and nothing known does (a
+                # key never seen, say): 503 in the caller's format, not "no such key".
+                response = error_response(chosen, error)
             response[REQUEST_ID_HEADER] = request_id
             return response
 
@@ -158,6 +165,9 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
     """Serve one generation request (or one Gemini cache creation)."""
     model = (route or {}).get("model", "")
     try:
+        if recorder.spool.full:
+            # Nothing may be served that could not be recorded (D2).
+            raise GatewayError(ErrorKind.UNAVAILABLE, SPOOL_FULL_MESSAGE, retry_after=SPOOL_FULL_RETRY_AFTER)
         body, raw = read_json(call.request, call.headers)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             model = body["model"]

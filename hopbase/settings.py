@@ -162,7 +162,7 @@ HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
 # The journal of request records not yet in the database (billing.spool):
 # survives the death of the process, not of the machine.
 HOPBASE_SPOOL_DIR = Path(env_str("HOPBASE_SPOOL_DIR", str(BASE_DIR / "var" / "spool")))
-HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=64 * 1024)
+HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
 # Circuit breaker (channels_pool.health): failures in a row before a channel
 # is skipped, and the first and longest cool-down.
 HOPBASE_BREAKER_FAILURES = env_int("HOPBASE_BREAKER_FAILURES", 3, minimum=1)

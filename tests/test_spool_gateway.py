@@ -117,3 +117,32 @@ def test_streams_in_flight_become_interrupted_rows_after_a_kill(world, tmp_path)
             assert log.output_tokens >= estimate_tokens(journalled[log.request_id].sent_chars) > 0
     finally:
         second.stop()
+
+
+UNAVAILABLE = {"chat": "server_error", "responses": "server_error", "messages": "api_error", "gemini": "UNAVAILABLE"}
+
+
+def error_type(protocol: str, body: dict) -> str:
+    return body["error"]["status"] if protocol == "gemini" else body["error"]["type"]
+
+
+def test_a_full_spool_refuses_new_requests_in_the_callers_format(world, tmp_path):
+    # Nothing reaches the database for a minute, and the spool holds 2 KiB.
+    gateway = start_gateway(gateway_env(tmp_path, HOPBASE_LOG_FLUSH_INTERVAL="60", HOPBASE_SPOOL_MAX_BYTES="2048"))
+    try:
+        statuses = []
+        for _ in range(20):
+            request = call("chat", world.key, "sim-model", "hello [sim tokens=2]", stream=False)
+            response = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers, timeout=30)
+            statuses.append(response.status_code)
+            if response.status_code != 200:
+                break
+        assert statuses[0] == 200 and statuses[-1] == 503, statuses
+        for protocol in PROTOCOLS:
+            request = call(protocol, world.key, "sim-model", "hello [sim tokens=2]")
+            response = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers, timeout=30)
+            assert response.status_code == 503
+            assert int(response.headers["retry-after"]) > 0
+            assert error_type(protocol, response.json()) == UNAVAILABLE[protocol]
+    finally:
+        kill(gateway)  # its records stay in its spool: nothing to wait for
