@@ -66,6 +66,21 @@ class GatewayError(Exception):
         super().__init__(self.message)
 
 
+class DatabaseUnavailable(GatewayError):
+    """The database did not answer in time and nothing known answers for
+    this request (D3): a key never seen, or a cached state past
+    HOPBASE_STALE_MAX_AGE. Told apart from "no such key" by its type."""
+
+    RETRY_AFTER = 5
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            ErrorKind.UNAVAILABLE,
+            message or "HopBase cannot check this request right now. Please retry shortly.",
+            retry_after=self.RETRY_AFTER,
+        )
+
+
 @dataclass(frozen=True)
 class UpstreamFailure:
     """One attempt's failure. ``busy`` failures are overload or rate limits."""

@@ -1,28 +1,58 @@
-"""A value loaded from the database in one query and trusted for
-HOPBASE_CONFIG_TTL seconds: the shape of the hot path's price and balance
-caches (billing.pricing.PriceBook, billing.balances.BalanceBook).
+"""What the hot path reads from the database, and how it rides out the
+database being gone (D3).
 
-The load runs in a worker thread (``sync_to_async``, not thread-sensitive:
-a per-request thread would open a database connection per request). While
-one caller refreshes a stale value the others keep the stale one rather than
-queue behind the database; if the refresh fails, the stale value is kept for
-another TTL (a first load that fails raises). There is no asyncio lock, so a snapshot works
-from any event loop (tests run several).
+``database_call`` runs one database call for a request: on a small pool of
+threads of its own (``hopbase-db-*``), never the event loop's default
+executor, and under a client-side deadline (``DEADLINE``). A database host
+that stopped answering holds at most those few threads: the request is
+answered from what is known, and a call that never started is dropped with
+its deadline. A failed call marks the database down
+(``core.dependencies.database``): for a second or two nothing is tried, then
+one probe at a time.
+
+``Snapshot`` is a value loaded in one query and trusted for
+HOPBASE_CONFIG_TTL seconds: the shape of the hot path's channel, price and
+balance caches (channels_pool.selection, billing.pricing, billing.balances).
+While one caller refreshes a stale value the others keep the stale one
+rather than queue behind the database. While the database is unreachable
+the last value loaded is served, for up to HOPBASE_STALE_MAX_AGE seconds,
+and refreshed in the background when a probe is due; past that age, or with
+nothing loaded yet, the caller gets ``DatabaseUnavailable`` (503 in its
+format). A refresh that fails for any other reason keeps the last value for
+another TTL; a first load that fails so raises. There is no asyncio lock, so
+a snapshot works from any event loop (tests run several).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db.backends.signals import connection_created
+
+from core.dependencies import database
+from core.errors import DatabaseUnavailable
 
 T = TypeVar("T")
 log = logging.getLogger("hopbase.billing")
+
+# The longest a request waits on the database for one call (seconds); the
+# same bound holds statements server-side on the pool's connections.
+DEADLINE = 2.0
+THREADS = 8
+THREAD_PREFIX = "hopbase-db"
+# What an unreachable database raises (a call past its deadline raises TimeoutError).
+OUTAGE_ERRORS = (OperationalError, InterfaceError, OSError, TimeoutError)
+
+_executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=THREAD_PREFIX)
+_background: set[asyncio.Task] = set()
 
 
 def refresh_connection() -> None:
@@ -33,38 +63,109 @@ def refresh_connection() -> None:
         close_old_connections()
 
 
+def _bound_statements(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A statement on the pool's connections ends server-side at the deadline
+    too, so a slow but living server frees the thread. Only there: the
+    settlement sweep, exports and migrations run for as long as they need."""
+    if connection.vendor == "postgresql" and threading.current_thread().name.startswith(THREAD_PREFIX):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET statement_timeout = {int(DEADLINE * 1000)}")
+
+
+connection_created.connect(_bound_statements, dispatch_uid="hopbase-bound-statements")
+
+
+def _in_thread(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    refresh_connection()
+    return fn(*args)
+
+
+async def database_call(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the database pool, within ``DEADLINE`` seconds.
+    Raises ``DatabaseUnavailable`` when the database is down (at once while
+    it is known to be) or did not answer in time; any other error of ``fn``
+    as it is."""
+    if not database.attempt():
+        raise DatabaseUnavailable()
+    running = asyncio.get_running_loop().run_in_executor(_executor, _in_thread, fn, args)
+    try:
+        result = await asyncio.wait_for(running, DEADLINE)
+    except OUTAGE_ERRORS as error:
+        database.failed(error if not isinstance(error, TimeoutError) else f"no answer within {DEADLINE:g} s")
+        raise DatabaseUnavailable() from error
+    except BaseException:
+        database.abandoned()
+        raise
+    database.succeeded()
+    return result
+
+
+def in_background(coroutine: Any) -> None:
+    """Run a refresh nobody waits for, keeping a reference until it ends."""
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def stale_max_age() -> float:
+    return max(settings.HOPBASE_STALE_MAX_AGE, settings.HOPBASE_CONFIG_TTL)
+
+
 class Snapshot(Generic[T]):
     def __init__(self, loader: Callable[[], T]) -> None:
-        def load() -> T:
-            refresh_connection()
-            return loader()
-
-        self._load = sync_to_async(load, thread_sensitive=False)
+        self._loader = loader
         self._name = getattr(loader, "__name__", "snapshot")
         self._value: T | None = None
         self._loaded = False
+        self._loaded_at = 0.0
         self._expires = 0.0
         self._loading = False
 
     async def get(self) -> T:
-        if self._loaded and (time.monotonic() < self._expires or self._loading):
-            return self._value  # type: ignore[return-value]
+        now = time.monotonic()
+        if self._loaded:
+            if now < self._expires:
+                return self._value  # type: ignore[return-value]
+            if self._usable(now) and (self._loading or not database.up):
+                # Another caller is refreshing it, or the database is down:
+                # the last known value, at once.
+                if not self._loading and database.due():
+                    in_background(self._refresh_quietly())
+                return self._value  # type: ignore[return-value]
+        return await self._refresh()
+
+    async def _refresh(self) -> T:
         self._loading = True
         try:
-            value = await self._load()
+            value = await database_call(self._loader)
+        except DatabaseUnavailable:
+            if not (self._loaded and self._usable(time.monotonic())):
+                raise
+            return self._value  # type: ignore[return-value]
         except Exception:
             if not self._loaded:
                 raise
-            # A database blip must not refuse every request: keep the last
-            # value for another TTL and say so.
+            # Not an outage (a bug, a bad row): keep the last value for
+            # another TTL and say so.
             log.exception("could not refresh %s; keeping the previous value", self._name)
             self._expires = time.monotonic() + settings.HOPBASE_CONFIG_TTL
             return self._value  # type: ignore[return-value]
         finally:
             self._loading = False
         self._value, self._loaded = value, True
-        self._expires = time.monotonic() + settings.HOPBASE_CONFIG_TTL
+        self._loaded_at = time.monotonic()
+        self._expires = self._loaded_at + settings.HOPBASE_CONFIG_TTL
         return value
 
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._refresh()
+        except Exception:
+            pass  # the database is still down: the next probe tells
+
+    def _usable(self, now: float) -> bool:
+        """Young enough to be served while the database is unreachable."""
+        return now - self._loaded_at <= stale_max_age()
+
     def clear(self) -> None:
-        self._value, self._loaded, self._expires = None, False, 0.0
+        self._value, self._loaded, self._loaded_at, self._expires = None, False, 0.0, 0.0

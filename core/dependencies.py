@@ -1,0 +1,126 @@
+"""The services HopBase leans on and may lose for a while: the database and
+Redis (D3). Each is a ``Dependency``, a small circuit breaker:
+
+- up: every call is tried;
+- after a call fails it is down: calls are not tried for ``pause`` seconds
+  (each caller falls back at once: the last known state for the database,
+  failing open for Redis), then one call at a time is tried again as a
+  probe, until one succeeds and it is up again.
+
+One warning when an outage starts and one line when it ends, never one per
+request. ``up`` is what a readiness check or a gauge reports.
+
+Redis clients for the hot path come from ``async_redis``: short socket
+timeouts and no retries, so a call to an unreachable Redis costs tens of
+milliseconds, once per pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("hopbase.dependencies")
+
+
+class Dependency:
+    def __init__(self, name: str, pause: float, consequence: str) -> None:
+        self.name = name
+        self.pause = pause
+        self._consequence = consequence  # what HopBase does meanwhile, for the warning
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._retry_at = 0.0
+        self._probing = False
+        self.failures = 0  # calls failed since the process started
+
+    @property
+    def up(self) -> bool:
+        return self._down_since is None
+
+    def attempt(self) -> bool:
+        """May a call be made now? While down, True for one caller at a
+        time once the pause is over: that caller must report back with
+        ``succeeded``, ``failed`` or ``abandoned``."""
+        if self._down_since is None:
+            return True
+        with self._lock:
+            if self._down_since is None:
+                return True
+            if self._probing or time.monotonic() < self._retry_at:
+                return False
+            self._probing = True
+            return True
+
+    def due(self) -> bool:
+        """Whether ``attempt`` would let a call through now (without claiming it)."""
+        return self._down_since is None or not (self._probing or time.monotonic() < self._retry_at)
+
+    def succeeded(self) -> None:
+        if self._down_since is None:
+            return
+        with self._lock:
+            since, self._down_since, self._probing = self._down_since, None, False
+        if since is not None:
+            log.warning("%s answers again, after %.1f s", self.name, time.monotonic() - since)
+
+    def failed(self, error: BaseException | str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.failures += 1
+            starting = self._down_since is None
+            if starting:
+                self._down_since = now
+            self._retry_at = now + self.pause
+            self._probing = False
+        if starting:
+            log.warning("%s unreachable (%s): %s until it answers", self.name, describe(error), self._consequence)
+
+    def abandoned(self) -> None:
+        """The call was given up for a reason of the caller's own (it was
+        cancelled, or a bug): it proves nothing either way."""
+        with self._lock:
+            self._probing = False
+
+    def reset(self) -> None:
+        """Up, as at start-up (tests)."""
+        with self._lock:
+            self._down_since, self._retry_at, self._probing = None, 0.0, False
+
+
+def describe(error: BaseException | str) -> str:
+    if isinstance(error, str):
+        return error
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+# After a failure the database is left alone for a second and a half: a key,
+# channel or price is answered from the last known state meanwhile.
+database = Dependency(
+    "database", pause=1.5, consequence="keys, channels and prices are served from the last known state"
+)
+# Redis is skipped for a few seconds after a failure: limits and affinity fail open.
+redis = Dependency("redis", pause=3.0, consequence="rate and concurrency limits and affinity lookups fail open")
+
+
+# Connect and read timeouts of a hot-path Redis call (seconds).
+REDIS_TIMEOUT = 0.1
+
+
+def async_redis(url: str, timeout: float = REDIS_TIMEOUT) -> Any:
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+
+
+def sync_redis(url: str, timeout: float) -> Any:
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
