@@ -29,6 +29,11 @@ MAX_ERROR_BODY = 64 * 1024
 # A whole (non-event-stream) answer, such as a created Gemini cache.
 MAX_WHOLE_BODY = 8 * 1024 * 1024
 RELEASE_GRACE_SECONDS = 5
+# Bounds on what one attempt holds in memory: bytes read but not yet taken
+# by the relay (past it, reading pauses: the provider waits), and one event
+# the channel has not finished (past it, the channel is cut off).
+MAX_UNREAD = 1024 * 1024
+MAX_EVENT = 16 * 1024 * 1024
 # Response headers from the channel that a client's SDK reads (request ids);
 # rate-limit headers describe HopBase's account and stay here.
 PASSED_BACK_HEADERS = ("x-request-id", "request-id")
@@ -109,6 +114,8 @@ class Attempt:
         # every event.)
         self._items: deque[bytes | Event | Signal | UpstreamFailure] = deque()
         self._wake: asyncio.Future[None] | None = None
+        self._unread = 0
+        self._room: asyncio.Future[None] | None = None  # the pump waits for the relay to catch up
         self._splitter = EventSplitter()
         self._events: deque[Event] = deque()
         # Hang-ups go through an anyio scope, not Task.cancel(): httpcore
@@ -153,6 +160,10 @@ class Attempt:
             else:
                 async for chunk in response.aiter_raw():
                     put(chunk)
+                    self._unread += len(chunk)
+                    if self._unread > MAX_UNREAD:
+                        self._room = asyncio.get_running_loop().create_future()
+                        await self._room
             put(Signal.END)
         except httpx.HTTPError:
             put(UpstreamFailure("cut", self.status))
@@ -182,8 +193,16 @@ class Attempt:
                 return Signal.TIMEOUT
         item = self._items.popleft()
         if isinstance(item, bytes):
+            self._unread -= len(item)
+            if self._room is not None and self._unread <= MAX_UNREAD // 2:
+                _set_if_waiting(self._room)
+                self._room = None
             events = self._splitter.feed(item)
             if not events:
+                if len(self._splitter.pending) > MAX_EVENT:
+                    self._hang_up()
+                    self._items.clear()
+                    return UpstreamFailure("cut", self.status)
                 return Signal.PROGRESS
             self._events.extend(events)
             return self._events.popleft()
@@ -194,6 +213,12 @@ class Attempt:
                 self._items.appendleft(Signal.END)
                 return rest[0]
         return item
+
+    def wake(self) -> None:
+        """End a ``next()`` that is waiting, early (it returns TIMEOUT): the
+        reader has something else to look at, such as a drain deadline."""
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def passed_back_headers(self) -> dict[str, str]:
         found = self.response_headers or {}

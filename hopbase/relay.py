@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
@@ -39,9 +39,11 @@ from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.limits import POLL_SECONDS, Limits
 from hopbase.protocols.base import Api, Mark, RequestFacts
-from hopbase.run import STREAM_HEADERS, Committed, Reply, Run, error_reply
+from hopbase.run import DRAIN_RETRY_AFTER, STREAM_HEADERS, Committed, Drain, Reply, Run, error_reply
 
 log = logging.getLogger("hopbase.relay")
+# The hold was cut short by a graceful drain's deadline (D1): no channel's fault.
+DRAINED = UpstreamFailure("drain", channel_fault=False)
 
 
 class Recorder(Protocol):
@@ -82,6 +84,7 @@ class Relay:
     recorder: Recorder
     directory: ChannelDirectory
     timings: Timings
+    drain: Drain = field(default_factory=Drain.never)
 
     async def serve(
         self, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
@@ -146,6 +149,9 @@ class Relay:
                     run.committed = True
                     run.resources.enter_context(held.pop_all())
                     return outcome
+            if outcome is DRAINED:
+                run.error_kind = DRAINED.kind
+                raise GatewayError(ErrorKind.UNAVAILABLE, retry_after=DRAIN_RETRY_AFTER)
             if not outcome.channel_fault:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)
@@ -163,6 +169,8 @@ class Relay:
             run.api.upstream_failure, whole_body=not run.api.upstream_streams,
         )
         held.callback(attempt.end)
+        self.drain.watch(attempt)
+        held.callback(self.drain.unwatch, attempt)
         run.attempts += 1
         run.channel, run.watcher = channel, run.api.new_watcher(run.facts)
         return attempt
@@ -178,10 +186,16 @@ class Relay:
         held: list[bytes] = []
         awaiting_headers = False
         while True:
-            item = await attempt.next(give_up_at - loop.time())
+            drain_at = self.drain.deadline()
+            wake_at = give_up_at if drain_at is None else min(give_up_at, drain_at)
+            item = await attempt.next(wake_at - loop.time())
             run.upstream_status = attempt.status
             match item:
                 case Signal.TIMEOUT:
+                    if drain_at is not None and loop.time() >= drain_at:
+                        return DRAINED
+                    if loop.time() < give_up_at:
+                        continue  # woken early (the drain began): look again
                     if awaiting_headers:
                         return UpstreamFailure("timeout")
                     if loop.time() < hold_until:

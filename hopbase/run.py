@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
+# What a request ended by a drain is told: another process will serve it.
+DRAIN_RETRY_AFTER = 1
 Status = RequestStatus
 
 
@@ -82,6 +85,41 @@ class Committed:
     ended: bool  # the terminal event is already among the first bytes
 
 
+class Drain:
+    """What the relay sees of a graceful drain (hopbase.lifecycle): when the
+    requests still open are to end, and a wake-up, when the drain begins,
+    for every attempt that is waiting on its channel."""
+
+    def __init__(self, deadline: Callable[[], float | None], signal: Callable[[], asyncio.Event]) -> None:
+        self.deadline = deadline
+        self._signal = signal
+        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[Attempt]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def never(cls) -> Drain:
+        """For a relay that is never drained (tests, tools)."""
+        return cls(lambda: None, asyncio.Event)
+
+    def watch(self, attempt: Attempt) -> None:
+        loop = asyncio.get_running_loop()
+        attempts = self._waiting.get(loop)
+        if attempts is None:
+            attempts = self._waiting[loop] = set()
+            loop.create_task(self._wake_on_drain(self._signal(), attempts))
+        attempts.add(attempt)
+
+    def unwatch(self, attempt: Attempt) -> None:
+        attempts = self._waiting.get(asyncio.get_running_loop())
+        if attempts is not None:
+            attempts.discard(attempt)
+
+    @staticmethod
+    async def _wake_on_drain(signal: asyncio.Event, attempts: set[Attempt]) -> None:
+        await signal.wait()
+        for attempt in list(attempts):
+            attempt.wake()
+
+
 @dataclass(frozen=True)
 class Ending:
     """How a committed request ended. ``message`` None: the error kind's own."""
@@ -90,12 +128,15 @@ class Ending:
     busy: bool = False
     message: str | None = None
     retry_after: int | None = None
+    drained: bool = False  # ended by a graceful drain (D1)
 
     def stream_error(self, watcher: StreamWatcher) -> bytes:
         kind = ErrorKind.STREAM_BUSY if self.busy else ErrorKind.STREAM_FAILED
         return watcher.stream_error(kind, self.message or PROVIDER_ERROR_MESSAGE)
 
     def error(self) -> GatewayError:
+        if self.drained:
+            return GatewayError(ErrorKind.UNAVAILABLE, self.message, retry_after=DRAIN_RETRY_AFTER)
         if self.busy:
             return GatewayError(ErrorKind.ALL_BUSY, self.message, retry_after=self.retry_after or 1)
         return GatewayError(ErrorKind.ALL_FAILED, self.message)
@@ -167,16 +208,25 @@ class Run:
             while True:
                 stall_at = last_from_channel + stall
                 wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
+                drain_at = self.relay.drain.deadline()
+                if drain_at is not None:
+                    wake_at = min(wake_at, drain_at)
                 item = await attempt.next(wake_at - loop.time())
                 now = loop.time()
                 match item:
                     case Signal.TIMEOUT:
+                        if drain_at is not None and now >= drain_at:
+                            self.error_kind = "drain"
+                            ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE, drained=True)
+                            yield self._end(ending)
+                            return
                         if now >= stall_at:
                             self.error_kind = "stall"
                             yield self._end(Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE))
                             return
-                        yield self.api.keepalive
-                        last_to_client = now
+                        if keepalive is not None and now >= last_to_client + keepalive:
+                            yield self.api.keepalive
+                            last_to_client = now
                     case Signal.PROGRESS | Signal.OPENED:
                         last_from_channel = now
                     case Signal.END | UpstreamFailure():

@@ -22,6 +22,7 @@ from channels_pool.selection import ChannelInfo
 from hopbase.auth import Caller
 from hopbase.limits import Limits, LocalCounters
 from hopbase.relay import Relay, Timings
+from hopbase.run import Drain
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Bench:
         return {name: count for name, count in self.counters._open.items() if count}
 
 
-def build(upstream: Upstream, channels: list[ChannelInfo], timings: Timings = FAST) -> Bench:
+def build(upstream: Upstream, channels: list[ChannelInfo], timings: Timings = FAST, drain: Drain | None = None) -> Bench:
     counters = LocalCounters()
     recorder = Recorded()
     board = HealthBoard()
@@ -182,6 +183,7 @@ def build(upstream: Upstream, channels: list[ChannelInfo], timings: Timings = FA
         recorder=recorder,
         directory=FixedDirectory(channels),
         timings=timings,
+        drain=drain or Drain.never(),
     )
     return Bench(upstream, relay, recorder, counters, board)
 

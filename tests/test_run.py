@@ -13,6 +13,7 @@ import orjson
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
 from hopbase.protocols import CHAT, GEMINI_CACHES
+from hopbase.run import Drain
 from tests.relay_fakes import (
     DONE,
     FAST,
@@ -209,3 +210,90 @@ def test_a_channel_answering_a_cache_creation_with_no_cache_fails_over():
     log = bench.recorder.only
     assert (log.channel_id, log.attempts) == (good.id, 2)
     assert bench.board._breakers[broken.id].last_error_kind == "error_event"
+
+
+# -- a graceful drain (D1) ------------------------------------------------------------
+
+
+class DrainAt:
+    """A drain the test begins: a deadline and the signal that wakes waits."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+        self.events: list[asyncio.Event] = []
+
+    def signal(self) -> asyncio.Event:
+        self.events.append(asyncio.Event())
+        return self.events[-1]
+
+    def begin(self, in_seconds: float) -> None:
+        self.at = asyncio.get_running_loop().time() + in_seconds
+        for event in self.events:
+            event.set()
+
+    def drain(self) -> Drain:
+        return Drain(lambda: self.at, self.signal)
+
+
+SLOW_CLOCKS = replace(FAST, keepalive=30, stall=30, hold_max=30)
+
+
+def test_a_stream_still_open_at_the_drain_deadline_ends_with_the_interruption_event():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()])
+    drain = DrainAt()
+    bench = build(upstream, [upstream["a"].info], SLOW_CLOCKS, drain.drain())
+
+    async def scenario():
+        reply = await serve(bench)
+        first = await anext(reply.chunks)
+        drain.begin(in_seconds=0.05)  # the wait already under way is woken
+        rest = [chunk async for chunk in reply.chunks]
+        return [first, *rest]
+
+    chunks = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert error_event(chunks[-1])["message"] == INTERRUPTED_MESSAGE
+    assert DONE not in b"".join(chunks)
+    log = bench.recorder.only
+    assert (log.status, log.error_kind) == (RequestStatus.INTERRUPTED, "drain")
+    assert upstream["a"].closed == 1
+
+
+def test_a_held_answer_at_the_drain_deadline_gets_503():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()])
+    drain = DrainAt()
+    bench = build(upstream, [upstream["a"].info], SLOW_CLOCKS, drain.drain())
+
+    async def scenario():
+        task = asyncio.create_task(serve(bench, body={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}))
+        while not upstream["a"].requests:
+            await asyncio.sleep(0.001)
+        drain.begin(in_seconds=0.05)
+        return await task
+
+    reply = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert (reply.status, reply.headers["retry-after"]) == (503, "1")
+    assert bench.recorder.only.status is RequestStatus.INTERRUPTED
+
+
+def test_a_request_still_in_the_hold_at_the_drain_deadline_gets_503_and_no_channel_is_blamed():
+    upstream = Upstream()
+    channel = upstream.channel("a", [PREAMBLE, Hang()])
+    drain = DrainAt()
+    bench = build(upstream, [channel], SLOW_CLOCKS, drain.drain())
+
+    async def scenario():
+        task = asyncio.create_task(serve(bench))
+        while not upstream["a"].requests:
+            await asyncio.sleep(0.001)
+        drain.begin(in_seconds=0.05)
+        return await task
+
+    reply = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert reply.status == 503
+    assert json.loads(reply.body)["error"]["type"] == "server_error"
+    log = bench.recorder.only
+    assert (log.status, log.error_kind) == (RequestStatus.FAILED, "drain")
+    assert channel.id not in bench.board._breakers
+    assert bench.slots_held() == {}

@@ -1,0 +1,93 @@
+"""An attempt on one channel (channels_pool/upstream.py): read in a task of
+its own, bounded in what it holds, and woken or ended on the relay's word."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from channels_pool import upstream as upstream_module
+from channels_pool.upstream import Attempt, Signal
+from core.errors import UpstreamFailure, failure_from_status
+from core.sse import Event
+from tests.relay_fakes import Hang, Upstream
+
+
+def attempt_on(upstream: Upstream, name: str) -> Attempt:
+    channel = upstream[name].info
+    http = httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle))
+    return Attempt(http, channel, f"{channel.base_url}/chat/completions", {}, b"{}",
+                   lambda status, body, retry: failure_from_status(status, retry_after=retry))
+
+
+def test_reading_pauses_while_the_relay_is_behind_and_resumes_when_it_catches_up(monkeypatch):
+    monkeypatch.setattr(upstream_module, "MAX_UNREAD", 1000)
+    upstream = Upstream()
+    event = b"data: " + b"x" * 94 + b"\n\n"  # 100 bytes
+    upstream.channel("a", [event] * 50)
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(1) is Signal.OPENED
+        for _ in range(100):  # let the pump run as far as it may
+            await asyncio.sleep(0)
+        held = attempt._unread
+        events = 0
+        while (item := await attempt.next(1)) is not Signal.END:
+            assert isinstance(item, Event)
+            events += 1
+        return held, events
+
+    held, events = asyncio.run(scenario())
+    assert 1000 < held <= 1100  # it stopped one chunk past the bound
+    assert events == 50
+
+
+def test_an_event_that_never_ends_cuts_the_channel_off(monkeypatch):
+    monkeypatch.setattr(upstream_module, "MAX_EVENT", 1000)
+    upstream = Upstream()
+    upstream.channel("a", [b"data: " + b"x" * 600] * 10)  # no blank line, ever
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        items = []
+        while not isinstance(item := await attempt.next(1), UpstreamFailure):
+            items.append(item)
+            assert len(items) < 20
+        await asyncio.sleep(0)
+        return item
+
+    failure = asyncio.run(scenario())
+    assert failure.kind == "cut"
+    assert upstream["a"].closed == 1
+
+
+def test_wake_ends_a_wait_early():
+    upstream = Upstream()
+    upstream.channel("a", [Hang()])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(1) is Signal.OPENED
+        asyncio.get_running_loop().call_later(0.01, attempt.wake)
+        return await asyncio.wait_for(attempt.next(30), 5)
+
+    assert asyncio.run(scenario()) is Signal.TIMEOUT
+
+
+@pytest.mark.parametrize("completed,closed", [(False, 1), (True, 0)])
+def test_end_hangs_up_unless_the_attempt_completed(completed, closed):
+    upstream = Upstream()
+    upstream.channel("a", [b"data: {}\n\n", Hang()])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(1) is Signal.OPENED
+        attempt.completed = completed
+        attempt.end()
+        await asyncio.sleep(0.01)
+        return upstream["a"].closed  # a completed one is read to its end, within a grace period
+
+    assert asyncio.run(scenario()) == closed
