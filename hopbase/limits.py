@@ -8,9 +8,20 @@ or, for channels, before the next channel is tried.
 With REDIS_URL the counts are shared by every gateway process (a key's
 limit is the limit across the fleet); without it they are this process's.
 In Redis, requests per minute are counted in fixed one-minute windows, and
-open-request counters expire an hour after their last change so that a
-crashed process cannot hold capacity for ever. Limits cost nothing for keys
-and channels that have none.
+each open request holds a *lease* of its own: a member of a sorted set per
+key or channel, scored with the moment it lapses. The holder renews its
+leases while it holds them, so a crashed process's lapse within
+LEASE_SECONDS; a release removes the holder's own lease, so a count never
+goes below zero and never drifts. Limits cost nothing for keys and channels
+that have none.
+
+A Redis outage (D3) costs a request at most one short timeout: calls use
+short socket timeouts and no retries, and after a failure Redis is left
+alone for a few seconds (``core.dependencies.redis``, one warning per
+outage). Meanwhile limits fail open: a request is let through uncounted,
+and a channel slot let through so is known to be held here alone, so its
+release never touches Redis. A release Redis could not take is retried
+when it answers again (or its lease lapses).
 """
 
 from __future__ import annotations
@@ -18,18 +29,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import deque
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from core.dependencies import async_redis
+from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 
 log = logging.getLogger("hopbase.limits")
 
 POLL_SECONDS = 0.05
 WINDOW_SECONDS = 60
-COUNTER_TTL_SECONDS = 3600
+LEASE_SECONDS = 300
+RENEW_SECONDS = 60
+SLOTS_PREFIX = "hopbase:slots:"
+# Releases waiting for Redis to answer again; past this the oldest are left to lapse.
+MAX_PENDING_RELEASES = 10_000
+
+
+class StoreDown(Exception):
+    """Redis is being left alone after a failure: do not even try."""
+
+
+STORE_ERRORS = (OSError, RedisError, StoreDown)
 
 
 class LocalCounters:
@@ -48,6 +74,9 @@ class LocalCounters:
     def give_back_slot(self, name: str) -> None:
         self._open[name] = max(0, self._open.get(name, 0) - 1)
 
+    def let_through(self, name: str) -> None:
+        """Never called: local counts cannot fail."""
+
     async def take_start(self, name: str, per_minute: int) -> float:
         """0 when a request may start now, else seconds until one may."""
         now = time.monotonic()
@@ -60,10 +89,8 @@ class LocalCounters:
         return 0.0
 
 
-# Count one more under a limit, or refuse, in one step: a request
-# cancelled half-way can neither leave a slot counted that it does not know
-# it holds, nor free one.
-TAKE_UNDER_LIMIT = """
+# Count one more request this minute, or refuse, in one step.
+TAKE_START = """
 local count = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if count > tonumber(ARGV[1]) then
@@ -72,6 +99,44 @@ if count > tonumber(ARGV[1]) then
 end
 return 1
 """
+# Lapsed leases go, then a lease for ARGV[3] if fewer than ARGV[1] are held;
+# times are Redis's own, so the gateways' clocks do not matter.
+TAKE_SLOT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+# Push back the lapse of the leases ARGV[2..] that still hold; the ones that
+# lapsed already are returned (they are not revived: their place may be taken).
+RENEW_SLOTS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lapsed = {}
+for i = 2, #ARGV do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) > now then
+    redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
+  else
+    table.insert(lapsed, ARGV[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return lapsed
+"""
+
+
+@dataclass
+class Held:
+    """The slots of one key or channel this process holds."""
+
+    leases: list[str] = field(default_factory=list)  # in Redis
+    let_through: int = 0  # while Redis was unreachable: in no count
 
 
 class RedisCounters:
@@ -81,16 +146,35 @@ class RedisCounters:
         self._url = url
         self._clients: dict[int, object] = {}
         self._pending: set[asyncio.Task] = set()
+        self._held: dict[str, Held] = {}
+        self._releases: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_RELEASES)
+        self._renewers: dict[int, asyncio.Task] = {}
+        self._flushing = False
 
     def _redis(self):
-        from redis import asyncio as aioredis
-
         loop_id = id(asyncio.get_running_loop())
         client = self._clients.get(loop_id)
         if client is None:
-            client = aioredis.Redis.from_url(self._url, socket_timeout=1, socket_connect_timeout=1)
-            self._clients[loop_id] = client
+            client = self._clients[loop_id] = async_redis(self._url)
         return client
+
+    async def _call(self, command):
+        """One Redis call, through the breaker."""
+        if not redis_dependency.attempt():
+            command.close()
+            raise StoreDown()
+        try:
+            result = await command
+        except STORE_ERRORS as error:
+            redis_dependency.failed(error)
+            raise
+        except BaseException:
+            redis_dependency.abandoned()
+            raise
+        redis_dependency.succeeded()
+        if self._releases:
+            self._detach(self._flush_releases())
+        return result
 
     def _detach(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -98,31 +182,112 @@ class RedisCounters:
         task.add_done_callback(self._pending.discard)
 
     async def take_slot(self, name: str, limit: int) -> bool:
-        key = "hopbase:open:" + name
-        taking = asyncio.ensure_future(self._redis().eval(TAKE_UNDER_LIMIT, 1, key, limit, COUNTER_TTL_SECONDS))
+        lease = uuid.uuid4().hex
+        command = self._redis().eval(TAKE_SLOT, 1, SLOTS_PREFIX + name, limit, int(LEASE_SECONDS * 1000), lease)
+        taking = asyncio.ensure_future(self._call(command))
         try:
-            return bool(await asyncio.shield(taking))
+            taken = bool(await asyncio.shield(taking))
         except asyncio.CancelledError:
-            # The caller is gone; if the slot was taken anyway, give it back.
-            taking.add_done_callback(lambda done: self._give_back_if_taken(done, name))
+            # The caller is gone; if the lease was taken anyway, give it back.
+            taking.add_done_callback(lambda done: self._give_back_if_taken(done, name, lease))
             raise
+        if taken:
+            self._held.setdefault(name, Held()).leases.append(lease)
+            self._keep_renewing()
+        return taken
 
-    def _give_back_if_taken(self, done: asyncio.Future, name: str) -> None:
+    def _give_back_if_taken(self, done: asyncio.Future, name: str, lease: str) -> None:
         if not done.cancelled() and done.exception() is None and done.result():
-            self.give_back_slot(name)
+            self._release(name, lease)
+
+    def let_through(self, name: str) -> None:
+        """A slot let through uncounted while Redis was unreachable."""
+        self._held.setdefault(name, Held()).let_through += 1
 
     def give_back_slot(self, name: str) -> None:
-        # Called from a request's last moments, maybe while it is cancelled:
-        # the decrement runs as a task of its own.
-        self._detach(self._redis().decr("hopbase:open:" + name))
+        """Called from a request's last moments, maybe while it is cancelled:
+        a lease is removed by a task of its own. Slots let through are given
+        back first (any of this process's slots of ``name`` will do), so
+        Redis never counts more of them than are open here."""
+        held = self._held.get(name)
+        if held is None:
+            return  # nothing taken, nothing to give back
+        if held.let_through:
+            held.let_through -= 1
+        elif held.leases:
+            self._release(name, held.leases.pop())
+        if not held.let_through and not held.leases:
+            del self._held[name]
+
+    def _release(self, name: str, lease: str) -> None:
+        self._releases.append((name, lease))
+        try:
+            self._detach(self._flush_releases())
+        except RuntimeError:
+            pass  # no event loop here: the next Redis call flushes it
+
+    async def _flush_releases(self) -> None:
+        if self._flushing or not self._releases:
+            return
+        self._flushing = True
+        try:
+            while self._releases:
+                batch = [self._releases.popleft() for _ in range(min(len(self._releases), 500))]
+                try:
+                    pipe = self._redis().pipeline(transaction=False)
+                    for name, lease in batch:
+                        pipe.zrem(SLOTS_PREFIX + name, lease)
+                    await self._call(pipe.execute())
+                except STORE_ERRORS:
+                    self._releases.extendleft(reversed(batch))  # when Redis answers again
+                    return
+        finally:
+            self._flushing = False
+
+    def _keep_renewing(self) -> None:
+        loop = asyncio.get_running_loop()
+        renewer = self._renewers.get(id(loop))
+        if renewer is None or renewer.done():
+            self._renewers[id(loop)] = loop.create_task(self._renew_while_held())
+
+    async def _renew_while_held(self) -> None:
+        while self._held or self._releases:
+            await asyncio.sleep(RENEW_SECONDS)
+            try:
+                await self._renew()
+            except STORE_ERRORS:
+                pass  # the leases lapse if Redis stays away; nothing is counted twice
+            await self._flush_releases()
+
+    async def _renew(self) -> None:
+        names = [name for name, held in self._held.items() if held.leases]
+        if not names:
+            return
+        pipe = self._redis().pipeline(transaction=False)
+        for name in names:
+            pipe.eval(RENEW_SLOTS, 1, SLOTS_PREFIX + name, int(LEASE_SECONDS * 1000), *self._held[name].leases)
+        results = await self._call(pipe.execute())
+        for name, lapsed in zip(names, results, strict=True):
+            held = self._held.get(name)
+            for lease in lapsed or ():
+                lease = lease.decode() if isinstance(lease, bytes) else lease
+                if held is not None and lease in held.leases:
+                    # No longer counted in Redis: given back like a slot let through.
+                    held.leases.remove(lease)
+                    held.let_through += 1
 
     async def take_start(self, name: str, per_minute: int) -> float:
         now = time.time()
         window = int(now // WINDOW_SECONDS)
         key = f"hopbase:rpm:{name}:{window}"
-        if await self._redis().eval(TAKE_UNDER_LIMIT, 1, key, per_minute, WINDOW_SECONDS * 2):
+        if await self._call(self._redis().eval(TAKE_START, 1, key, per_minute, WINDOW_SECONDS * 2)):
             return 0.0
         return (window + 1) * WINDOW_SECONDS - now
+
+    def open_slots(self, name: str) -> int:
+        """Slots of ``name`` this process holds (tests)."""
+        held = self._held.get(name)
+        return 0 if held is None else held.let_through + len(held.leases)
 
 
 class Limits:
@@ -140,14 +305,15 @@ class Limits:
         """Wait for the key's capacity, or raise RATE_LIMIT. True when a slot
         was taken, which the caller gives back with ``release_key``.
 
-        If the shared store cannot be reached the request is let through:
-        an outage of the limits store must not stop the gateway."""
+        If the shared store cannot be reached the request is let through,
+        holding nothing: an outage of the limits store must not stop the
+        gateway."""
         if rpm is None and concurrency is None:
             return False
         try:
             return await self._admit_key(key_id, rpm, concurrency)
-        except (OSError, RedisError) as error:
-            log.warning("limits store unavailable, key %s let through: %s", key_id, error)
+        except STORE_ERRORS as error:
+            log.debug("limits store unavailable, key %s let through: %s", key_id, error)
             return False
 
     async def _admit_key(self, key_id: int, rpm: int | None, concurrency: int | None) -> bool:
@@ -170,12 +336,16 @@ class Limits:
         self.counters.give_back_slot(f"key:{key_id}")
 
     async def take_channel(self, channel_id: int, max_concurrency: int | None) -> bool:
+        """A slot under the channel's limit; True (and counted as held here
+        alone) when the shared store cannot be reached."""
         if max_concurrency is None:
             return True
+        name = f"channel:{channel_id}"
         try:
-            return await self.counters.take_slot(f"channel:{channel_id}", max_concurrency)
-        except (OSError, RedisError) as error:
-            log.warning("limits store unavailable, channel %s not limited: %s", channel_id, error)
+            return await self.counters.take_slot(name, max_concurrency)
+        except STORE_ERRORS as error:
+            log.debug("limits store unavailable, channel %s not limited: %s", channel_id, error)
+            self.counters.let_through(name)
             return True
 
     def release_channel(self, channel_id: int, max_concurrency: int | None) -> None:

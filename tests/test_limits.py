@@ -5,16 +5,29 @@ requests, channels' open requests; a short wait for capacity, then a clear
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import redis
 
+from core import dependencies
 from core.errors import ErrorKind, GatewayError
-from hopbase.limits import Limits, LocalCounters, RedisCounters
+from hopbase import limits as limits_module
+from hopbase.limits import SLOTS_PREFIX, Limits, LocalCounters, RedisCounters
+from tests.tcp_proxy import TcpProxy
 from tests.wire import call, wait_for_log, wait_for_records
+
+
+@pytest.fixture(autouse=True)
+def redis_up():
+    """Every test starts with Redis taken to be up (the breaker is the process's)."""
+    dependencies.redis.reset()
+    yield
+    dependencies.redis.reset()
 
 
 @pytest.fixture
@@ -87,7 +100,7 @@ def test_a_request_cancelled_while_taking_a_shared_slot_leaves_none_taken() -> N
     """The take is one Redis script; a caller cancelled while it runs gives
     back the slot the script took for it."""
 
-    async def scenario() -> bytes | None:
+    async def scenario() -> int:
         counters = RedisCounters(REDIS_FOR_TESTS)
         redis = counters._redis()
         name = f"test:{uuid.uuid4().hex}"
@@ -103,9 +116,9 @@ def test_a_request_cancelled_while_taking_a_shared_slot_leaves_none_taken() -> N
         counters.give_back_slot(name)
         while counters._pending:
             await asyncio.sleep(0.01)
-        return await redis.get("hopbase:open:" + name)
+        return await redis.zcard(SLOTS_PREFIX + name)
 
-    assert asyncio.run(scenario()) in (b"0", None)
+    assert asyncio.run(scenario()) == 0
 
 
 def test_limits_let_requests_through_when_the_shared_store_is_down(settings) -> None:
@@ -114,6 +127,138 @@ def test_limits_let_requests_through_when_the_shared_store_is_down(settings) -> 
 
     async def scenario() -> tuple[bool, bool]:
         return await limits.admit_key(1, rpm=5, concurrency=1), await limits.take_channel(1, 1)
+
+    assert asyncio.run(scenario()) == (False, True)
+
+
+# -- Redis outages (D3) ------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_proxy():
+    host, port = redis.Redis.from_url(REDIS_FOR_TESTS).connection_pool.connection_kwargs["host"], 6379
+    with TcpProxy(host, port) as proxy:
+        yield proxy
+
+
+def through(proxy: TcpProxy) -> str:
+    return f"redis://127.0.0.1:{proxy.port}/7"
+
+
+def slot_count(name: str) -> int:
+    return redis.Redis.from_url(REDIS_FOR_TESTS).zcard(SLOTS_PREFIX + name)
+
+
+@pytest.mark.parametrize("outage", ["refuse", "silence"])
+def test_a_redis_outage_costs_one_short_timeout_then_nothing_and_one_warning(redis_proxy, outage, caplog) -> None:
+    limits = Limits(RedisCounters(through(redis_proxy)))
+    caplog.set_level(logging.WARNING, logger="hopbase.dependencies")
+
+    key, channel = uuid.uuid4().int % 10**9, uuid.uuid4().int % 10**9
+
+    async def scenario() -> list[float]:
+        assert await limits.admit_key(key, rpm=1000, concurrency=10)  # connected while Redis answers
+        limits.release_key(key)
+        getattr(redis_proxy, outage)()
+        took = []
+        for _ in range(20):
+            started = time.monotonic()
+            assert await limits.admit_key(key, rpm=1000, concurrency=10) is False  # let through, holding nothing
+            assert await limits.take_channel(channel, 10) is True
+            took.append(time.monotonic() - started)
+        return took
+
+    took = asyncio.run(scenario())
+    assert took[0] < 0.5, took  # one short socket timeout at most
+    assert max(took[1:]) < 0.02, took  # then Redis is not even tried
+    assert not dependencies.redis.up
+    warnings = [r for r in caplog.records if "redis unreachable" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_redis_is_tried_again_after_the_pause_and_then_counts_again(redis_proxy, monkeypatch) -> None:
+    monkeypatch.setattr(dependencies.redis, "pause", 0.2)
+    counters = RedisCounters(through(redis_proxy))
+    limits = Limits(counters)
+    name = uuid.uuid4().int % 10**9
+
+    async def scenario() -> tuple[bool, bool]:
+        redis_proxy.refuse()
+        await limits.take_channel(name, 1)  # let through
+        redis_proxy.restore()
+        await asyncio.sleep(0.25)
+        first = await limits.take_channel(name, 1)  # counted in Redis again
+        second = await limits.take_channel(name, 1)  # full: the one let through is not in the count, this one is
+        return first, second
+
+    assert asyncio.run(scenario()) == (True, False)
+    assert dependencies.redis.up
+
+
+def test_a_slot_let_through_during_an_outage_is_never_taken_from_the_shared_count(redis_proxy, monkeypatch) -> None:
+    """No release without a matching take: the counts in Redis come back to
+    zero, never below, whatever the outage did in between."""
+    monkeypatch.setattr(dependencies.redis, "pause", 0.2)
+    counters = RedisCounters(through(redis_proxy))
+    limits = Limits(counters)
+    channel = uuid.uuid4().int % 10**9
+    name = f"channel:{channel}"
+
+    async def scenario() -> None:
+        assert await limits.take_channel(channel, 5)  # a lease in Redis
+        redis_proxy.refuse()
+        assert await limits.take_channel(channel, 5)  # let through
+        assert await limits.take_channel(channel, 5)  # let through
+        assert counters.open_slots(name) == 3
+        limits.release_channel(channel, 5)
+        limits.release_channel(channel, 5)  # the two let through go first: Redis untouched
+        assert slot_count(name) == 1
+        limits.release_channel(channel, 5)  # the lease: its removal waits for Redis
+        limits.release_channel(channel, 5)  # one release too many: nothing to give back
+        assert counters.open_slots(name) == 0
+        redis_proxy.restore()
+        await asyncio.sleep(0.25)
+        assert await limits.take_channel(channel, 5)  # Redis answers: the waiting removal goes through
+        limits.release_channel(channel, 5)
+        deadline = time.monotonic() + 5
+        while slot_count(name):
+            assert time.monotonic() < deadline, "a lease was never removed"
+            await asyncio.sleep(0.02)
+
+    asyncio.run(scenario())
+    assert slot_count(name) == 0
+
+
+def test_a_crashed_holders_slots_lapse(monkeypatch) -> None:
+    monkeypatch.setattr(limits_module, "LEASE_SECONDS", 0.3)
+    name = f"test:{uuid.uuid4().hex}"
+
+    async def scenario() -> tuple[bool, bool]:
+        crashed = RedisCounters(REDIS_FOR_TESTS)
+        assert await crashed.take_slot(name, 1)
+        crashed._held.clear()  # it dies: nobody renews its lease or gives it back
+        other = RedisCounters(REDIS_FOR_TESTS)
+        refused = await other.take_slot(name, 1)
+        await asyncio.sleep(0.4)
+        return refused, await other.take_slot(name, 1)
+
+    assert asyncio.run(scenario()) == (False, True)
+
+
+def test_a_living_holder_keeps_its_slots_by_renewing_them(monkeypatch) -> None:
+    monkeypatch.setattr(limits_module, "LEASE_SECONDS", 0.3)
+    monkeypatch.setattr(limits_module, "RENEW_SECONDS", 0.1)
+    name = f"test:{uuid.uuid4().hex}"
+
+    async def scenario() -> tuple[bool, bool]:
+        holder, other = RedisCounters(REDIS_FOR_TESTS), RedisCounters(REDIS_FOR_TESTS)
+        assert await holder.take_slot(name, 1)
+        await asyncio.sleep(0.7)  # two lease lengths
+        while_held = await other.take_slot(name, 1)
+        holder.give_back_slot(name)
+        while holder._pending:
+            await asyncio.sleep(0.01)
+        return while_held, await other.take_slot(name, 1)
 
     assert asyncio.run(scenario()) == (False, True)
 
