@@ -9,6 +9,11 @@ Two Django handlers share one URL configuration:
 - everything else (the admin, the dashboard, static files) gets the full
   middleware stack, with static files served by Django's staticfiles
   handler straight from the apps (HopBase needs no CDN).
+
+The API handler is also where a request meets the process's life
+(hopbase.lifecycle, hopbase.admission): it is refused at once while the
+process drains or is full, and its work runs as a task of its own that
+Daphne's shutdown does not cut short (a graceful drain on SIGTERM).
 """
 
 import asyncio
@@ -27,9 +32,31 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 
+from hopbase import admission, lifecycle  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
 
-API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz")
+API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz")
+
+
+class Sender:
+    """A request's ``send``: notes whether its response has started, and
+    adds ``Connection: close`` to one that starts while the process drains,
+    so that a keep-alive client takes its next request elsewhere."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            if lifecycle.is_draining():
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"connection" for name, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await self.send(message)
 
 
 class ApiHandler(ASGIHandler):
@@ -44,17 +71,38 @@ class ApiHandler(ASGIHandler):
 
     async def handle(self, scope, receive, send) -> None:
         ensure_started()
+        # Decided before the request counts itself (see_through), so that a
+        # burst refuses only its excess.
+        admitted = admission.has_room(scope["path"])
+        await lifecycle.process.see_through(self.serve(scope, receive, Sender(send), admitted))
+
+    async def serve(self, scope, receive, send: Sender, admitted: bool) -> None:
+        """One request's work, from its body to its response's close."""
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
-        request, error_response = self.create_request(scope, body_file)
-        if request is None:
+        try:
+            request, error_response = self.create_request(scope, body_file)
+            if request is None:
+                await self.send_response(error_response, send)
+                error_response.close()
+                return
+            if (refusal := admission.refusal(request, admitted)) is not None:
+                await self.send_response(refusal, send)
+                return
+            try:
+                await self.respond(request, receive, send)
+            except asyncio.CancelledError:
+                if lifecycle.is_draining() and not send.started:
+                    # Cut at the drain's end before its answer began (a
+                    # request still held): table E's 503 rather than nothing.
+                    await self.send_response(admission.unavailable(request), send)
+                raise
+        finally:
             body_file.close()
-            await self.send_response(error_response, send)
-            error_response.close()
-            return
 
+    async def respond(self, request, receive, send) -> None:
         produced: list[HttpResponseBase] = []
 
         async def process_request() -> HttpResponseBase:
@@ -70,19 +118,22 @@ class ApiHandler(ASGIHandler):
         # the relay hangs up on the channel at once (B1).
         listener = asyncio.create_task(self.listen_for_disconnect(receive))
         processor = asyncio.create_task(process_request())
-        await asyncio.wait((listener, processor), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((listener, processor), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this work itself is cancelled (a drain that ran out
+            # of time): nothing is left running, and the request is recorded.
+            for task in (listener, processor):
+                if not task.done():
+                    task.cancel()
+            await asyncio.wait((listener, processor))
+            for response in produced:
+                # Also when the client left before a stream was ever read: its
+                # closers let go of the channel and record the request.
+                response.close()
         for task in (listener, processor):
-            if not task.done():
-                task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, RequestAborted):
-                pass
-        for response in produced:
-            # Also when the client left before a stream was ever read: its
-            # closers let go of the channel and record the request.
-            response.close()
-        body_file.close()
+            if not task.cancelled() and not isinstance(task.exception(), RequestAborted):
+                task.result()
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
@@ -94,6 +145,7 @@ class ApiHandler(ASGIHandler):
 
 site = ASGIStaticFilesHandler(get_asgi_application())
 api = ApiHandler()
+lifecycle.install()
 
 
 async def application(scope, receive, send):

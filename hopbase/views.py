@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.usage import parse_page, read_page
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
-from hopbase import intake
+from hopbase import intake, readiness
 from hopbase.intake import Call, authorized
 from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
@@ -109,3 +109,8 @@ async def unknown_gemini_path(request: HttpRequest, version: str, rest: str) -> 
 async def healthz(request: HttpRequest) -> HttpResponse:
     await directory.all()
     return JsonResponse({"status": "ok", "unknown_key_requests": intake.unknown_key_count()})
+
+
+async def readyz(request: HttpRequest) -> HttpResponse:
+    status, body = await readiness.report()
+    return JsonResponse(body, status=status, headers={"cache-control": "no-store"})
