@@ -1,31 +1,73 @@
 """Which channel holds a piece of provider-side state (P9): a Responses id
 that a later ``previous_response_id`` names, or a Gemini cached content.
 
-Kept in process memory (bounded), and in the shared cache when Redis is
-configured so that every gateway process can follow it.
+Kept in process memory (bounded), and in Redis when it is configured so that
+every gateway process can follow it. Writes to Redis go through a bounded
+queue to one writer thread; past the bound a write is dropped and counted
+(the process still remembers it). Lookups use short timeouts, and while
+Redis is unreachable (``core.dependencies.redis``) they are not tried: the
+state is then followed only where it is remembered locally, and elsewhere
+any channel may try (the provider answers whether it knows the id).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import pickle
+import queue
+import threading
+import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
+from redis.exceptions import RedisError
+
+from core.dependencies import async_redis, sync_redis
+from core.dependencies import redis as redis_dependency
+
+log = logging.getLogger("hopbase.affinity")
 
 MAX_LOCAL = 100_000
+MAX_QUEUED_WRITES = 10_000
 TTL_SECONDS = 30 * 24 * 3600
+WRITE_TIMEOUT = 0.5
+DROP_WARNING_EVERY = 10.0  # seconds between warnings about dropped writes
 
 
 def _cache_key(state_id: str) -> str:
     return "hopbase:affinity:" + state_id
 
 
+def _legacy_key(state_id: str) -> str:
+    """Where the previous version wrote it (Django's cache, key version 1)."""
+    return ":1:hopbase:affinity:" + state_id
+
+
+def _parse(raw: Any, legacy: Any) -> tuple[int, int] | None:
+    try:
+        if raw is not None:
+            tenant_id, channel_id = raw.split(b":")
+            return int(tenant_id), int(channel_id)
+        if legacy is not None:
+            tenant_id, channel_id = pickle.loads(legacy)
+            return int(tenant_id), int(channel_id)
+    except Exception:
+        log.warning("unreadable affinity entry", exc_info=True)
+    return None
+
+
 class Affinity:
     def __init__(self) -> None:
         # state id -> (tenant id, channel id): a tenant can only follow its own state.
         self._local: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hopbase-affinity")
+        self._writes: queue.Queue[tuple[str, int, int]] = queue.Queue(MAX_QUEUED_WRITES)
+        self._writer: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._clients: dict[int, Any] = {}
+        self.dropped = 0  # writes dropped because the queue was full
+        self._last_drop_warning = 0.0
 
     def remember(self, state_id: str, tenant_id: int, channel_id: int) -> None:
         self._local[state_id] = (tenant_id, channel_id)
@@ -33,7 +75,53 @@ class Affinity:
         if len(self._local) > MAX_LOCAL:
             self._local.popitem(last=False)
         if settings.REDIS_URL:
-            self._writer.submit(cache.set, _cache_key(state_id), (tenant_id, channel_id), TTL_SECONDS)
+            self._start_writer()
+            try:
+                self._writes.put_nowait((state_id, tenant_id, channel_id))
+            except queue.Full:
+                self._dropped_one()
+
+    def _dropped_one(self) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._last_drop_warning >= DROP_WARNING_EVERY:
+            self._last_drop_warning = now
+            log.warning(
+                "affinity writes to Redis are %d behind; %d dropped so far (followed in this process only)",
+                self._writes.qsize(), self.dropped,
+            )
+
+    def _start_writer(self) -> None:
+        if self._writer is not None and self._writer.is_alive():
+            return
+        with self._start_lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_forever, name="hopbase-affinity", daemon=True)
+                self._writer.start()
+
+    def _write_forever(self) -> None:
+        client = sync_redis(settings.REDIS_URL, WRITE_TIMEOUT)
+        while True:
+            state_id, tenant_id, channel_id = self._writes.get()
+            # Held (up to the queue's bound) while Redis is away; one try per pause.
+            while not redis_dependency.attempt():
+                time.sleep(0.1)
+            try:
+                client.set(_cache_key(state_id), f"{tenant_id}:{channel_id}", ex=TTL_SECONDS)
+            except (OSError, RedisError) as error:
+                redis_dependency.failed(error)
+                try:
+                    self._writes.put_nowait((state_id, tenant_id, channel_id))  # try again later
+                except queue.Full:
+                    self._dropped_one()
+            except Exception:
+                redis_dependency.abandoned()
+                log.exception("affinity write dropped")
+            else:
+                redis_dependency.succeeded()
+
+    def pending_writes(self) -> int:
+        return self._writes.qsize()
 
     async def channel_for(self, state_id: str, tenant_id: int) -> int | None:
         """The channel that created the tenant's state; None when unknown or
@@ -41,13 +129,35 @@ class Affinity:
         whether it knows the id)."""
         owner = self._local.get(state_id)
         if owner is None and settings.REDIS_URL:
-            try:
-                owner = await cache.aget(_cache_key(state_id))
-            except Exception:
-                owner = None
-        if owner is None or tuple(owner)[0] != tenant_id:
+            owner = await self._shared(state_id)
+        if owner is None or owner[0] != tenant_id:
             return None
-        return tuple(owner)[1]
+        return owner[1]
+
+    async def _shared(self, state_id: str) -> tuple[int, int] | None:
+        if not redis_dependency.attempt():
+            return None
+        try:
+            raw, legacy = await self._redis().mget(_cache_key(state_id), _legacy_key(state_id))
+        except (OSError, RedisError) as error:
+            redis_dependency.failed(error)
+            return None
+        except Exception:
+            redis_dependency.abandoned()
+            log.exception("affinity lookup failed")
+            return None
+        except BaseException:
+            redis_dependency.abandoned()
+            raise
+        redis_dependency.succeeded()
+        return _parse(raw, legacy)
+
+    def _redis(self) -> Any:
+        loop_id = id(asyncio.get_running_loop())
+        client = self._clients.get(loop_id)
+        if client is None:
+            client = self._clients[loop_id] = async_redis(settings.REDIS_URL)
+        return client
 
 
 affinity = Affinity()

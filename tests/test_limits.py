@@ -308,3 +308,45 @@ def test_a_full_channel_is_waited_for_then_reported_busy(gateway, world):
     log = wait_for_log(second.headers["x-hopbase-request-id"])
     # Refused by a limit before any channel was tried.
     assert (log.status, log.attempts, log.error_kind) == ("rejected", 0, "capacity")
+
+
+# -- affinity through a Redis outage -------------------------------------------------
+
+
+def test_affinity_lookups_fail_open_fast_and_its_writes_wait_in_a_bounded_queue(redis_proxy, settings, monkeypatch, caplog) -> None:
+    from channels_pool import affinity as affinity_module
+
+    settings.REDIS_URL = through(redis_proxy)
+    monkeypatch.setattr(dependencies.redis, "pause", 0.2)
+    monkeypatch.setattr(affinity_module, "MAX_QUEUED_WRITES", 5)
+    writer, reader = affinity_module.Affinity(), affinity_module.Affinity()
+    prefix = uuid.uuid4().hex
+
+    async def lookup(state_id: str) -> tuple[int | None, float]:
+        started = time.monotonic()
+        return await reader.channel_for(state_id, 7), time.monotonic() - started
+
+    def wait_for(state_id: str, channel_id: int | None) -> None:
+        deadline = time.monotonic() + 5
+        while asyncio.run(lookup(state_id))[0] != channel_id:
+            assert time.monotonic() < deadline, f"{state_id} never reached Redis"
+            time.sleep(0.05)
+
+    writer.remember(f"{prefix}-before", 7, 3)
+    wait_for(f"{prefix}-before", 3)  # another process follows it through Redis
+    redis_proxy.silence()
+    timings = [asyncio.run(lookup(f"{prefix}-unknown-{i}")) for i in range(10)]
+    assert all(found is None for found, _ in timings)
+    assert timings[0][1] < 0.5 and max(took for _, took in timings[1:]) < 0.05, timings
+    for i in range(20):
+        writer.remember(f"{prefix}-during-{i}", 7, 4)
+    assert asyncio.run(writer.channel_for(f"{prefix}-during-19", 7)) == 4  # remembered here all the same
+    assert writer.dropped >= 14 and writer.pending_writes() <= 5
+    assert len([r for r in caplog.records if "dropped so far" in r.getMessage()]) == 1
+    redis_proxy.restore()
+    deadline = time.monotonic() + 5
+    while writer.pending_writes():
+        assert time.monotonic() < deadline, "queued writes never reached Redis"
+        time.sleep(0.05)
+    wait_for(f"{prefix}-during-0", 4)  # queued through the outage, written after it
+    assert asyncio.run(lookup(f"{prefix}-during-19"))[0] is None  # dropped
