@@ -1,0 +1,195 @@
+"""Keys through a database outage (D3): a key already known is served from
+what was last learnt of it, up to HOPBASE_STALE_MAX_AGE; a key never seen
+is "cannot check now" (503 in the caller's format, with retry-after), never
+"no such key"."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from decimal import Decimal
+
+import pytest
+from django.db import OperationalError
+from django.test import AsyncClient
+
+from core import dependencies, snapshots
+from core.errors import DatabaseUnavailable
+from hopbase import auth
+from hopbase.auth import Caller, KeyCache
+
+KNOWN = "hb-known-key"
+OTHER = "hb-other-key"
+
+
+@pytest.fixture(autouse=True)
+def database_up():
+    dependencies.database.reset()
+    yield
+    dependencies.database.reset()
+
+
+@pytest.fixture
+def quick(settings, monkeypatch):
+    settings.HOPBASE_CONFIG_TTL = 0.05
+    settings.HOPBASE_STALE_MAX_AGE = 60
+    monkeypatch.setattr(snapshots, "DEADLINE", 0.3)
+    monkeypatch.setattr(dependencies.database, "pause", 0.2)
+
+
+def caller(key_id: int = 1) -> Caller:
+    return Caller(
+        key_id=key_id, key_prefix="hb-known", tenant_id=7, tenant_name="acme", allowed_models=frozenset(),
+        rpm=None, concurrency=None, price_multiplier=Decimal("1"),
+    )
+
+
+class Keys:
+    """The key table, behind a database that can go down."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, Caller] = {KNOWN: caller()}
+        self.down = False
+        self.calls: list[str] = []
+
+    def __call__(self, secret: str) -> Caller | None:
+        self.calls.append(secret)
+        if self.down:
+            raise OperationalError("could not connect to server: Connection refused")
+        return self.rows.get(secret)
+
+
+def test_a_known_key_is_served_from_the_last_state_while_the_database_is_down(quick):
+    table = Keys()
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        assert await cache.authenticate(KNOWN) == caller()
+        table.down = True
+        await asyncio.sleep(0.06)  # past the TTL
+        for _ in range(10):
+            started = time.monotonic()
+            assert await cache.authenticate(KNOWN) == caller()
+            assert time.monotonic() - started < 0.1
+        table.down = False
+        table.rows.pop(KNOWN)  # revoked meanwhile
+        await asyncio.sleep(0.25)  # the pause: the next request's refresh runs in the background
+        deadline = time.monotonic() + 2
+        while await cache.authenticate(KNOWN) is not None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+
+
+def test_a_key_never_seen_is_unavailable_not_unknown(quick):
+    table = Keys()
+    table.down = True
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        with pytest.raises(DatabaseUnavailable):
+            await cache.authenticate(KNOWN)
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable):
+            await cache.authenticate(OTHER)  # the database is known to be down: at once
+        assert time.monotonic() - started < 0.05
+
+    asyncio.run(scenario())
+    assert len(table.calls) == 1
+
+
+def test_a_key_that_is_not_a_hopbase_key_needs_no_database(quick):
+    table = Keys()
+    table.down = True
+    assert asyncio.run(KeyCache(table).authenticate("sk-not-ours")) is None
+    assert table.calls == []
+
+
+def test_a_known_key_is_served_up_to_the_stale_max_age_only(quick, settings):
+    settings.HOPBASE_STALE_MAX_AGE = 0.3
+    table = Keys()
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        await cache.authenticate(KNOWN)
+        table.down = True
+        await asyncio.sleep(0.1)
+        assert await cache.authenticate(KNOWN) == caller()
+        await asyncio.sleep(0.3)
+        with pytest.raises(DatabaseUnavailable):
+            await cache.authenticate(KNOWN)
+
+    asyncio.run(scenario())
+
+
+def test_a_flood_of_unknown_keys_does_not_push_out_the_known_ones(quick, monkeypatch):
+    monkeypatch.setattr(auth, "MAX_UNKNOWN_KEYS", 10)
+    table = Keys()
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        await cache.authenticate(KNOWN)
+        for i in range(100):
+            assert await cache.authenticate(f"hb-random-{i}") is None
+        table.down = True
+        await asyncio.sleep(0.06)
+        assert await cache.authenticate(KNOWN) == caller()
+
+    asyncio.run(scenario())
+    assert len(cache._unknown) == 10
+
+
+def test_a_silent_database_costs_a_new_key_the_deadline_at_most(quick):
+    table = Keys()
+    release = threading.Event()
+
+    def hanging(secret: str) -> Caller | None:
+        release.wait(10)
+        return None
+
+    cache = KeyCache(hanging)
+
+    async def scenario() -> float:
+        started = time.monotonic()
+        with pytest.raises(DatabaseUnavailable):
+            await cache.authenticate(OTHER)
+        return time.monotonic() - started
+
+    try:
+        assert asyncio.run(scenario()) < 0.6
+    finally:
+        release.set()
+    assert table.calls == []
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "status", "check"),
+    [
+        ("/v1/chat/completions", {"authorization": f"Bearer {OTHER}"}, 503,
+         lambda body: body["error"]["type"] == "server_error"),
+        ("/v1/messages", {"x-api-key": OTHER}, 503,
+         lambda body: body == {"type": "error", "error": {"type": "api_error", "message": body["error"]["message"]}}),
+        (f"/v1beta/models/sim-model:generateContent?key={OTHER}", {}, 503,
+         lambda body: body["error"]["status"] == "UNAVAILABLE" and body["error"]["code"] == 503),
+    ],
+)
+def test_the_caller_hears_503_in_its_own_format_with_retry_after(quick, monkeypatch, path, headers, status, check):
+    table = Keys()
+    table.down = True
+    monkeypatch.setattr(auth.keys, "_load", table)
+    auth.keys.clear()
+
+    async def scenario():
+        return await AsyncClient().post(path, data={"model": "sim-model"}, content_type="application/json", headers=headers)
+
+    try:
+        response = asyncio.run(scenario())
+    finally:
+        auth.keys.clear()
+    assert response.status_code == status
+    assert response["content-type"] == "application/json"
+    assert int(response["retry-after"]) > 0
+    assert "x-should-retry" not in response  # a retry is what mends it
+    assert check(response.json())
