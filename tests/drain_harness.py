@@ -114,6 +114,7 @@ class InFlight:
         self.body = b""
         self.ended_at: float | None = None
         self.error: Exception | None = None
+        self._hang_up = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -123,6 +124,8 @@ class InFlight:
                 for chunk in r.iter_raw():
                     self.body += chunk
                     self.started.set()
+                    if self._hang_up.is_set():
+                        break
         except httpx.HTTPError as error:
             self.error = error
         finally:
@@ -134,6 +137,10 @@ class InFlight:
     def request_id(self) -> str:
         assert self.headers is not None, self.error
         return self.headers["x-hopbase-request-id"]
+
+    def hang_up(self) -> None:
+        """Close the connection at the next bytes, as a client that leaves."""
+        self._hang_up.set()
 
     def wait(self) -> InFlight:
         assert self.done.wait(WITHIN), f"{self.protocol} request still open after {WITHIN} s"
