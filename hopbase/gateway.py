@@ -11,8 +11,10 @@ from channels_pool.affinity import affinity
 from channels_pool.health import board
 from channels_pool.selection import directory
 from channels_pool.upstream import new_client
+from hopbase import lifecycle
 from hopbase.limits import limits
 from hopbase.relay import Relay, Timings
+from hopbase.run import Drain
 
 _relays: dict[int, Relay] = {}
 
@@ -29,5 +31,6 @@ def relay() -> Relay:
             recorder=recorder,
             directory=directory,
             timings=Timings.from_settings(),
+            drain=Drain(lifecycle.drain_deadline, lifecycle.drain_signal),
         )
     return built
