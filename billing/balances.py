@@ -9,7 +9,8 @@ tenant is refused within the TTL after the settlement that emptied its
 balance, and served again within the TTL after a top-up. Balances move only
 at settlement, after the request, so a tenant can overspend by what its
 requests in flight and not yet settled cost: the gate is a stop, not a
-reservation.
+reservation. While the database is unreachable the last sets known are
+used, for up to HOPBASE_STALE_MAX_AGE seconds (core.snapshots).
 """
 
 from __future__ import annotations

@@ -111,7 +111,9 @@ def load_priced_models() -> frozenset[str]:
 class PriceBook:
     """Which models are priced, for the hot path: ``await
     prices.is_priced(model)``. A new price (or one whose ``effective_from``
-    arrives) is seen within HOPBASE_CONFIG_TTL seconds (core.snapshots)."""
+    arrives) is seen within HOPBASE_CONFIG_TTL seconds (core.snapshots);
+    while the database is unreachable the last list known is used, for up
+    to HOPBASE_STALE_MAX_AGE seconds."""
 
     def __init__(self, loader: Callable[[], frozenset[str]] = load_priced_models) -> None:
         self._snapshot: Snapshot[frozenset[str]] = Snapshot(loader)

@@ -2,7 +2,9 @@
 
 Enabled channels of the request's protocol that serve the model, higher
 priority first, weighted random order within a priority. The channel table
-is read at most once per HOPBASE_CONFIG_TTL per process (core.snapshots).
+is read at most once per HOPBASE_CONFIG_TTL per process (core.snapshots);
+while the database is unreachable the last table known is used, for up to
+HOPBASE_STALE_MAX_AGE seconds.
 """
 
 from __future__ import annotations
