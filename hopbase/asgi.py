@@ -25,6 +25,7 @@ import django  # noqa: E402
 
 django.setup(set_prefix=False)
 
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
@@ -34,20 +35,23 @@ from django.http.response import HttpResponseBase  # noqa: E402
 
 from hopbase import admission, lifecycle  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
+from hopbase.backpressure import unsent_bytes  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz")
 
 
 class Sender:
-    """A request's ``send``: notes whether its response has started, and
-    adds ``Connection: close`` to one that starts while the process drains,
-    so that a keep-alive client takes its next request elsewhere."""
+    """A request's ``send``: notes whether its response has started, adds
+    ``Connection: close`` to one that starts while the process drains, so
+    that a keep-alive client takes its next request elsewhere, and tells a
+    stream whose client falls too far behind (hopbase.backpressure)."""
 
-    __slots__ = ("send", "started")
+    __slots__ = ("send", "started", "too_slow")
 
     def __init__(self, send) -> None:
         self.send = send
         self.started = False
+        self.too_slow = None  # the stream's hook, once its response exists
 
     async def __call__(self, message) -> None:
         if message["type"] == "http.response.start":
@@ -57,6 +61,11 @@ class Sender:
                 if not any(name.lower() == b"connection" for name, _ in headers):
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
         await self.send(message)
+        if self.too_slow is not None and message.get("more_body"):
+            unsent = unsent_bytes(self.send)
+            if unsent is not None and unsent > settings.HOPBASE_MAX_UNSENT_BYTES:
+                too_slow, self.too_slow = self.too_slow, None
+                too_slow()
 
 
 class ApiHandler(ASGIHandler):
@@ -108,6 +117,7 @@ class ApiHandler(ASGIHandler):
         async def process_request() -> HttpResponseBase:
             response = await self.run_get_response(request)
             produced.append(response)
+            send.too_slow = getattr(response, "too_slow", None)
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:

@@ -98,6 +98,8 @@ def to_response(reply: Reply) -> HttpResponse | StreamingHttpResponse:
         if reply.abandon is not None:
             # Run by response.close(), which the API handler always calls.
             response._resource_closers.append(reply.abandon)
+        # Called by the API handler when the client falls too far behind.
+        response.too_slow = reply.too_slow
     else:
         response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
     for name, value in reply.headers.items():

@@ -126,6 +126,7 @@ class Relay:
             # The response is being closed: a stream that ran has already
             # finished; one dropped before it was ever read finishes now.
             abandon=lambda: run.finish(RequestStatus.CANCELLED),
+            too_slow=run.too_slow,
         )
 
     # -- the hold (F1–F8) ------------------------------------------------

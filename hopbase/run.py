@@ -60,8 +60,10 @@ class Reply:
     body: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
-    # For a stream: what to do if it is dropped without ever being read.
+    # For a stream: what to do if it is dropped without ever being read,
+    # and when its client falls too far behind (hopbase.backpressure).
     abandon: Callable[[], None] | None = None
+    too_slow: Callable[[], None] | None = None
 
 
 def error_reply(api: Api, error: GatewayError) -> Reply:
@@ -169,6 +171,8 @@ class Run:
         self.error_kind = ""
         self.ending = Ending(Status.CANCELLED)
         self.status: RequestStatus | None = None  # set once, by finish()
+        self.attempt: Attempt | None = None  # the committed one
+        self.client_too_slow = False
 
     def elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -197,6 +201,7 @@ class Run:
         attempt, watcher = committed.attempt, committed.watcher
         stall = self.relay.timings.stall
         self.relay.recorder.track(self.request_id, self._in_flight)
+        self.attempt = attempt
         try:
             if committed.ended:
                 yield self._end(self._completed(attempt), committed.first_bytes + watcher.end_of_stream())
@@ -206,6 +211,10 @@ class Run:
             last_to_client = last_from_channel = loop.time()
             next_journal = last_from_channel + JOURNAL_EVERY
             while True:
+                if self.client_too_slow:
+                    self.error_kind = "slow_client"
+                    yield self._end(Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE))
+                    return
                 stall_at = last_from_channel + stall
                 wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
                 drain_at = self.relay.drain.deadline()
@@ -265,6 +274,13 @@ class Run:
             last = ending.stream_error(self.watcher)
         self.finish(ending.status)
         return last
+
+    def too_slow(self) -> None:
+        """The client has fallen too far behind what was sent to it: end the
+        stream (with the interruption event) rather than buffer without end."""
+        self.client_too_slow = True
+        if self.attempt is not None:
+            self.attempt.wake()
 
     def _completed(self, attempt: Attempt) -> Ending:
         attempt.completed = True

@@ -297,3 +297,21 @@ def test_a_request_still_in_the_hold_at_the_drain_deadline_gets_503_and_no_chann
     assert (log.status, log.error_kind) == (RequestStatus.FAILED, "drain")
     assert channel.id not in bench.board._breakers
     assert bench.slots_held() == {}
+
+
+def test_a_client_too_far_behind_gets_the_interruption_event_and_the_stream_ends():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()])
+    bench = build(upstream, [upstream["a"].info], SLOW_CLOCKS)
+
+    async def scenario():
+        reply = await serve(bench)
+        first = await anext(reply.chunks)
+        reply.too_slow()  # what the server says when the client's unsent bytes pass the bound
+        return [first, *[chunk async for chunk in reply.chunks]]
+
+    chunks = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert error_event(chunks[-1])["message"] == INTERRUPTED_MESSAGE
+    log = bench.recorder.only
+    assert (log.status, log.error_kind) == (RequestStatus.INTERRUPTED, "slow_client")
+    assert upstream["a"].closed == 1

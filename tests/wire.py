@@ -92,12 +92,16 @@ def wait_for_log(request_id: str, timeout: float = 5):
         time.sleep(0.02)
 
 
-def open_raw(port: int, request: Call) -> socket.socket:
+def open_raw(port: int, request: Call, receive_buffer: int | None = None) -> socket.socket:
     """Send a request on a bare socket and hand it back, unread: for tests
-    that watch the first byte or hang up at a chosen moment."""
+    that watch the first byte or hang up at a chosen moment (or read slowly:
+    ``receive_buffer`` keeps the kernel from taking much on its behalf)."""
     body = json.dumps(request.body).encode()
     head = "".join(f"{name}: {value}\r\n" for name, value in request.headers.items())
-    sock = socket.create_connection(("127.0.0.1", port))
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", port))
     sock.sendall(
         f"POST {request.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{head}"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
