@@ -98,12 +98,15 @@ async def started() -> bool:
     return _started
 
 
+def state(up: bool) -> str:
+    return "up" if up else "down"
+
+
 async def dependencies() -> dict[str, str]:
-    database_up, redis_up = await asyncio.gather(
-        database.up(), redis_probe.up() if settings.REDIS_URL else asyncio.sleep(0, None)
-    )
-    redis_state = "absent" if redis_up is None else "up" if redis_up else "down"
-    return {"database": "up" if database_up else "down", "redis": redis_state}
+    if not settings.REDIS_URL:
+        return {"database": state(await database.up()), "redis": "absent"}
+    database_up, redis_up = await asyncio.gather(database.up(), redis_probe.up())
+    return {"database": state(database_up), "redis": state(redis_up)}
 
 
 async def report() -> tuple[int, dict[str, Any]]:
