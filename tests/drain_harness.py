@@ -24,12 +24,6 @@ from tests.wire import Call, call
 DRAIN_TIMEOUT = 3.0
 # Every wait below is a hang detector, not a measurement.
 WITHIN = 20.0
-TERMINALS = {
-    "chat": b"data: [DONE]",
-    "responses": b"event: response.completed",
-    "messages": b"event: message_stop",
-    "gemini": b'"finishReason"',
-}
 # Table E, per protocol: how to read the error's class from a body.
 ERROR_CLASS = {
     "chat": lambda body: (body["error"]["type"], body["error"]["code"]),

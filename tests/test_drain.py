@@ -21,7 +21,6 @@ from hopbase import lifecycle
 from hopbase.lifecycle import Lifecycle
 from tests.drain_harness import (
     DRAIN_TIMEOUT,
-    TERMINALS,
     UNAVAILABLE,
     WITHIN,
     InFlight,
@@ -36,7 +35,7 @@ from tests.drain_harness import (
     wait_for_exit,
     wait_for_readyz,
 )
-from tests.relay_checks import INTERRUPTED
+from tests.relay_checks import INTERRUPTED, TERMINALS
 from tests.wire import PROTOCOLS, wait_for_records
 
 SHORT = "tokens=12 pace=0.1"  # about 1.1 s: ends well within the drain
