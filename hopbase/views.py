@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.usage import parse_page, read_page
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
+from core.snapshots import database_call
 from hopbase import intake, readiness
 from hopbase.intake import Call, authorized
 from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
@@ -90,7 +90,7 @@ async def usage(call: Call) -> HttpResponse:
         if call.request.method != "GET":
             raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {call.request.method} is not allowed here; use GET.")
         page = parse_page(call.caller.tenant_id, call.request.GET)
-        body = await sync_to_async(read_page, thread_sensitive=False)(page)
+        body = await database_call(read_page, page)
     except GatewayError as error:
         return intake.error_response(CHAT, error)
     return HttpResponse(json.dumps(body, separators=(",", ":")), content_type="application/json")
