@@ -81,6 +81,9 @@ class ApiKey(models.Model):
         blank=True,
         help_text="Spend per calendar month (UTC) after which the key is refused; empty = no limit",
     )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="After this moment the key is refused like a revoked one; empty = never"
+    )
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
