@@ -7,6 +7,7 @@ deployment never turns into a silent default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -132,6 +133,20 @@ ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "*").split(",") if 
 CSRF_TRUSTED_ORIGINS = [
     o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
 ]
+
+
+def env_networks(name: str) -> tuple[str, ...]:
+    """A comma list of addresses or CIDR networks (hopbase.client_address)."""
+    raw = os.environ.get(name, "")
+    try:
+        return tuple(str(ipaddress.ip_network(e.strip(), strict=False)) for e in raw.split(",") if e.strip())
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}={raw!r}: {error}") from None
+
+
+# Addresses or networks of the reverse proxies whose X-Forwarded-For is
+# believed, for the client address the throttles count by. None by default.
+HOPBASE_TRUSTED_PROXIES = env_networks("HOPBASE_TRUSTED_PROXIES")
 
 DATABASES = {"default": database_from_url("DATABASE_URL", os.environ.get("DATABASE_URL"))}
 REDIS_URL = redis_url("REDIS_URL")
