@@ -1,5 +1,7 @@
-"""A loopback TCP proxy a test controls, to put PostgreSQL or Redis through
-an outage without touching the real server.
+"""A loopback TCP proxy its owner controls, to put PostgreSQL or Redis through
+an outage without touching the real server. Shared by the outage tests
+(tests/outage_harness.py, tests/test_readyz.py, tests/test_limits.py) and the
+soak (bench/soak.py).
 
     proxy = TcpProxy("127.0.0.1", 5432).start()    # forwards 127.0.0.1:proxy.port
     proxy.refuse()    # new connections refused, open ones cut (a server that went down)
@@ -10,7 +12,7 @@ an outage without touching the real server.
     proxy.cut()       # cut every open connection (RST), whatever the mode
     proxy.stop()
 
-Runs in threads of the test process: one accepting, two per connection.
+Runs in threads of its owner's process: one accepting, two per connection.
 """
 
 from __future__ import annotations

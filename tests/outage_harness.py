@@ -20,10 +20,10 @@ import httpx
 from django.conf import settings
 from django.db import connection
 
+from bench.tcp_proxy import TcpProxy
 from tests.conftest import GATEWAY_TIMERS, PROTOCOLS, World, channel_base_url, database_url_for_subprocess
 from tests.processes import BIN, Service, free_port
 from tests.simulator_harness import expected_text
-from tests.tcp_proxy import TcpProxy
 from tests.wire import call
 
 MODEL = "outage-model"

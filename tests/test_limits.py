@@ -14,11 +14,11 @@ import httpx
 import pytest
 import redis
 
+from bench.tcp_proxy import TcpProxy
 from core import dependencies
 from core.errors import ErrorKind, GatewayError
 from hopbase import limits as limits_module
 from hopbase.limits import SLOTS_PREFIX, Limits, LocalCounters, RedisCounters
-from tests.tcp_proxy import TcpProxy
 from tests.wire import call, wait_for_log, wait_for_records
 
 

@@ -15,11 +15,11 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from bench.tcp_proxy import TcpProxy
 from hopbase import readiness
 from hopbase.readiness import Probe
 from tests.drain_harness import WITHIN, gateway_env, readyz, start_daphne, stop_for_good
 from tests.processes import BIN, ROOT, free_port
-from tests.tcp_proxy import TcpProxy
 
 # A probe is waited for at most a second; a reply within two is not hung.
 PROMPT_REPLY = 2.0
