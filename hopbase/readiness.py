@@ -1,14 +1,15 @@
 """``GET /readyz``: may a load balancer send this process requests?
 
 200 while the process can serve; 503 while it is starting (its channel list
-never loaded yet) or draining (D1). A database or Redis outage keeps it
-200: the gateway rides those out (D3), and a balancer that pulled every
+never loaded yet), draining (D1), or cannot serve because its spool is full
+(D2: it refuses every new request then). A database or Redis outage keeps
+it 200: the gateway rides those out (D3), and a balancer that pulled every
 instance during one would turn it into a full outage. The body says why:
 
-    {"status": "ready" | "starting" | "draining",
+    {"status": "ready" | "starting" | "draining" | "spool_full",
      "dependencies": {"database": "up" | "down", "redis": "up" | "down" | "absent"},
      "open_requests": 12, "max_open_requests": 2000,
-     "refused": {"draining": 0, "full": 0}}
+     "refused": {"draining": 0, "full": 0}, "spool_bytes": 0}
 
 Each dependency is probed on a thread of its own (the drivers block), one
 probe at a time, waited for at most ``PROBE_TIMEOUT`` (a probe stuck on a
@@ -28,6 +29,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections
 
+from billing.recorder import recorder
 from channels_pool.selection import directory
 from core.dependencies import sync_redis
 from hopbase import admission, lifecycle
@@ -112,11 +114,20 @@ async def dependencies() -> dict[str, str]:
 async def report() -> tuple[int, dict[str, Any]]:
     """The /readyz status code and body."""
     states, is_started = await asyncio.gather(dependencies(), started())
-    status = "draining" if lifecycle.is_draining() else "ready" if is_started else "starting"
+    spool = recorder.spool
+    if lifecycle.is_draining():
+        status = "draining"
+    elif not is_started:
+        status = "starting"
+    elif spool.full:
+        status = "spool_full"
+    else:
+        status = "ready"
     return (200 if status == "ready" else 503), {
         "status": status,
         "dependencies": states,
         "open_requests": lifecycle.process.open_requests(),
         "max_open_requests": admission.max_open_requests(),
         "refused": dict(admission.refused),
+        "spool_bytes": spool.size,
     }

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 
 from bench.tcp_proxy import TcpProxy
-from hopbase import readiness
+from hopbase import lifecycle, readiness
 from hopbase.readiness import Probe
 from tests.drain_harness import WITHIN, gateway_env, readyz, start_daphne, stop_for_good
 from tests.processes import BIN, ROOT, free_port
@@ -76,6 +76,44 @@ def test_a_probe_stuck_on_a_silent_host_is_waited_for_once(monkeypatch):
     assert calls == [1]
 
 
+class FakeSpool:
+    def __init__(self, size: int, full: bool) -> None:
+        self.size, self.full = size, full
+
+
+class FakeRecorder:
+    def __init__(self, spool: FakeSpool) -> None:
+        self.spool = spool
+
+
+@pytest.mark.parametrize(
+    ("draining", "started", "spool", "status", "code"),
+    [
+        (False, True, FakeSpool(0, False), "ready", 200),
+        (False, False, FakeSpool(0, False), "starting", 503),
+        (True, True, FakeSpool(0, False), "draining", 503),
+        (False, True, FakeSpool(70_000, True), "spool_full", 503),
+    ],
+)
+def test_the_status_says_whether_the_process_can_serve(monkeypatch, draining, started, spool, status, code):
+    life = lifecycle.Lifecycle(drain_timeout=5)
+    if draining:
+        life.begin_drain()
+    monkeypatch.setattr(lifecycle, "process", life)
+    monkeypatch.setattr(readiness, "database", Probe(lambda: None))
+    monkeypatch.setattr(readiness, "redis_probe", Probe(lambda: None))
+    monkeypatch.setattr(readiness, "recorder", FakeRecorder(spool))
+
+    async def is_started() -> bool:
+        return started
+
+    monkeypatch.setattr(readiness, "started", is_started)
+    got_code, body = asyncio.run(readiness.report())
+    assert (got_code, body["status"]) == (code, status)
+    assert body["spool_bytes"] == spool.size
+    assert body["dependencies"]["database"] == "up"
+
+
 # -- a gateway's -----------------------------------------------------------
 
 
@@ -88,6 +126,7 @@ def test_a_serving_gateway_is_ready(gateway):
     assert body["open_requests"] >= 1  # itself
     assert body["max_open_requests"] >= 1
     assert body["refused"] == {"draining": 0, "full": 0}
+    assert body["spool_bytes"] >= 0
     assert httpx.get(gateway.url + "/readyz").headers["cache-control"] == "no-store"
 
 
