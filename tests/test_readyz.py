@@ -136,17 +136,7 @@ def test_a_redis_outage_keeps_it_ready():
     if not settings.REDIS_URL:
         pytest.skip("no Redis in this run")
     with TcpProxy("127.0.0.1", redis_port()) as proxy:
-        gateway = start_daphne(REDIS_URL=f"redis://127.0.0.1:{proxy.port}/{redis_db()}")
-        try:
-            assert_rides_it_out(gateway.url, ready_with(redis="up"))
-            proxy.refuse()
-            assert_rides_it_out(gateway.url, ready_with(redis="down"))
-            proxy.silence()
-            assert_rides_it_out(gateway.url, ready_with(redis="down"))
-            proxy.restore()
-            assert_rides_it_out(gateway.url, ready_with(redis="up"))
-        finally:
-            stop_for_good(gateway)
+        assert_outage_ridden_out(proxy, "redis", REDIS_URL=f"redis://127.0.0.1:{proxy.port}/{redis_db()}")
 
 
 @pytest.mark.gateway
@@ -155,17 +145,22 @@ def test_a_database_outage_keeps_it_ready():
     if connection.vendor != "postgresql":
         pytest.skip("a SQLite database is a file: it has no outage to ride out")
     with TcpProxy("127.0.0.1", int(connection.settings_dict["PORT"] or 5432)) as proxy:
-        gateway = start_daphne(DATABASE_URL=database_url_via(proxy.port))
-        try:
-            assert_rides_it_out(gateway.url, ready_with(database="up"))
-            proxy.refuse()
-            assert_rides_it_out(gateway.url, ready_with(database="down"))
-            proxy.silence()
-            assert_rides_it_out(gateway.url, ready_with(database="down"))
-            proxy.restore()
-            assert_rides_it_out(gateway.url, ready_with(database="up"))
-        finally:
-            stop_for_good(gateway)
+        assert_outage_ridden_out(proxy, "database", DATABASE_URL=database_url_via(proxy.port))
+
+
+def assert_outage_ridden_out(proxy: TcpProxy, dependency: str, **env: str) -> None:
+    """A gateway reaching ``dependency`` through ``proxy`` stays ready while
+    it is refused, then silent, then back."""
+    gateway = start_daphne(**env)
+    try:
+        assert_rides_it_out(gateway.url, ready_with(**{dependency: "up"}))
+        for go_down in (proxy.refuse, proxy.silence):
+            go_down()
+            assert_rides_it_out(gateway.url, ready_with(**{dependency: "down"}))
+        proxy.restore()
+        assert_rides_it_out(gateway.url, ready_with(**{dependency: "up"}))
+    finally:
+        stop_for_good(gateway)
 
 
 @pytest.mark.gateway
