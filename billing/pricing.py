@@ -124,6 +124,10 @@ class PriceBook:
     async def is_priced(self, model: str) -> bool:
         return model in await self._snapshot.get()
 
+    def known(self) -> frozenset[str]:
+        """The priced models as last loaded (none before the first load)."""
+        return self._snapshot.peek() or frozenset()
+
     def clear(self) -> None:
         self._snapshot.clear()
 

@@ -167,5 +167,10 @@ class Snapshot(Generic[T]):
         """Young enough to be served while the database is unreachable."""
         return now - self._loaded_at <= stale_max_age()
 
+    def peek(self) -> T | None:
+        """The last value loaded, without asking the database (None before
+        the first load)."""
+        return self._value
+
     def clear(self) -> None:
         self._value, self._loaded, self._loaded_at, self._expires = None, False, 0.0, 0.0

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from core.errors import ErrorKind, GatewayError
-from hopbase import lifecycle, views
+from hopbase import lifecycle, metrics, views
 from hopbase.intake import REQUEST_ID_HEADER, error_response
 from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
@@ -38,7 +38,7 @@ from hopbase.run import new_request_id
 
 log = logging.getLogger("hopbase.admission")
 
-PROBES = ("/healthz", "/readyz")
+PROBES = ("/healthz", "/readyz", "/metrics")
 DRAINING = "This HopBase process is shutting down. Please retry."
 FULL = "HopBase is at capacity right now. Please retry shortly."
 # File descriptors kept back from requests: the database and Redis
@@ -102,6 +102,7 @@ def refusal(request: HttpRequest, admitted: bool) -> HttpResponse | None:
         return unavailable(request)
     if not admitted:
         refused["full"] += 1
+        metrics.refusals_total.labels("capacity").inc()
         _warn_full()
         return refused_response(request, GatewayError(ErrorKind.ALL_BUSY, FULL, retry_after=1))
     return None

@@ -37,7 +37,7 @@ from hopbase import admission, lifecycle  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
 from hopbase.backpressure import unsent_bytes  # noqa: E402
 
-API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz")
+API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz", "/metrics")
 
 
 class Sender:

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 
-from billing.recorder import recorder
+from billing.recorder import recorder as billing_recorder
 from channels_pool.affinity import affinity
 from channels_pool.health import board
 from channels_pool.selection import directory
 from channels_pool.upstream import new_client
 from hopbase import lifecycle
 from hopbase.limits import limits
+from hopbase.metrics import Counted, PrometheusMeter
 from hopbase.relay import Relay, Timings
 from hopbase.run import Drain
 
+# Every record the gateway makes is counted on its way (hopbase.metrics).
+recorder = Counted(billing_recorder)
 _relays: dict[int, Relay] = {}
 
 
@@ -32,5 +35,6 @@ def relay() -> Relay:
             directory=directory,
             timings=Timings.from_settings(),
             drain=Drain(lifecycle.drain_deadline, lifecycle.drain_signal),
+            meter=PrometheusMeter(),
         )
     return built

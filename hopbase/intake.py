@@ -21,12 +21,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing.balances import balances, key_spend
 from billing.pricing import prices
-from billing.recorder import recorder
 from channels_pool.selection import directory
 from core.errors import DatabaseUnavailable, ErrorKind, GatewayError
 from core.vocabulary import RequestStatus
 from hopbase import gateway, key_usage
 from hopbase.auth import Caller, key_from_request, keys
+from hopbase.metrics import refusals_total
 from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.run import Reply, error_reply, new_request_id
 
@@ -167,8 +167,9 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
     """Serve one generation request (or one Gemini cache creation)."""
     model = (route or {}).get("model", "")
     try:
-        if recorder.spool.full:
+        if gateway.recorder.spool.full:
             # Nothing may be served that could not be recorded (D2).
+            refusals_total.labels("spool_full").inc()
             raise GatewayError(ErrorKind.UNAVAILABLE, SPOOL_FULL_MESSAGE, retry_after=SPOOL_FULL_RETRY_AFTER)
         body, raw = read_json(call.request, call.headers)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
@@ -180,7 +181,7 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
         rejected = call.caller.finished(
             call.request_id, call.api.name, RequestStatus.REJECTED, model=model, error_kind=error.kind.value
         )
-        recorder.record(rejected)
+        gateway.recorder.record(rejected)
         return error_response(call.api, error)
     reply = await gateway.relay().serve(call.request_id, call.api, call.caller, facts, call.headers)
     return to_response(reply)

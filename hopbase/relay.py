@@ -52,6 +52,20 @@ class Recorder(Protocol):
     def progress(self, item: Finished) -> None: ...
 
 
+class Meter:
+    """What the relay reports as it goes (hopbase.metrics counts it); this
+    one notes nothing."""
+
+    def attempt(self, channel: ChannelInfo, outcome: str) -> None:
+        pass
+
+    def stream_opened(self) -> None:
+        pass
+
+    def stream_closed(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class Timings:
     """The relay's clocks, in seconds (rules S1, F3, F7, F8, M2)."""
@@ -85,6 +99,7 @@ class Relay:
     directory: ChannelDirectory
     timings: Timings
     drain: Drain = field(default_factory=Drain.never)
+    meter: Meter = field(default_factory=Meter)
 
     async def serve(
         self, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
@@ -118,6 +133,7 @@ class Relay:
             reply = await run.collect(committed)
             reply.headers.update(upstream_headers)
             return reply
+        run.stream_opened()
         return Reply(
             200,
             committed.watcher.content_type,
@@ -141,11 +157,13 @@ class Relay:
             with ExitStack() as held:
                 if not await self._take_capacity(channel, may_wait=is_last, held=held):
                     failures.append(UpstreamFailure("capacity", busy=True))
+                    self.meter.attempt(channel, "capacity")
                     continue
                 attempt = self._start_attempt(run, channel, held)
                 slow_start = self._slow_start_limit(run, is_last)
                 give_up_at = hold_until if slow_start is None else min(hold_until, loop.time() + slow_start)
                 outcome = await self._first_token(run, attempt, give_up_at, hold_until)
+                self.meter.attempt(channel, "ok" if isinstance(outcome, Committed) else outcome.kind)
                 if isinstance(outcome, Committed):
                     run.committed = True
                     run.resources.enter_context(held.pop_all())

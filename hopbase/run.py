@@ -173,6 +173,7 @@ class Run:
         self.status: RequestStatus | None = None  # set once, by finish()
         self.attempt: Attempt | None = None  # the committed one
         self.client_too_slow = False
+        self.streaming = False  # a stream reply went out (counted open until finish)
 
     def elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -275,6 +276,10 @@ class Run:
         self.finish(ending.status)
         return last
 
+    def stream_opened(self) -> None:
+        self.streaming = True
+        self.relay.meter.stream_opened()
+
     def too_slow(self) -> None:
         """The client has fallen too far behind what was sent to it: end the
         stream (with the interruption event) rather than buffer without end."""
@@ -313,6 +318,8 @@ class Run:
             return
         self.status = status
         self.resources.close()
+        if self.streaming:
+            self.relay.meter.stream_closed()
         relay, channel, watcher = self.relay, self.channel, self.watcher
         if self.committed and channel is not None and status in (Status.STALLED, Status.INTERRUPTED, Status.FAILED):
             # A channel committed to (M1) that then let the request down; a

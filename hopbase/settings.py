@@ -7,6 +7,8 @@ deployment never turns into a silent default.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 from pathlib import Path
@@ -127,11 +129,44 @@ def redis_url(name: str) -> str | None:
     return url
 
 
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
 DEBUG = env_bool("HOPBASE_DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY", "hopbase-insecure-development-key-change-me")
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "*").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+# Signs the admin's sessions and CSRF tokens, and (unless
+# HOPBASE_ENCRYPTION_KEYS is set) keys the channel secrets at rest: never a
+# value anyone else knows.
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set: give it a long random value, e.g. from "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))' "
+            "(only HOPBASE_DEBUG=1, for development, runs without one)"
+        )
+    SECRET_KEY = "hopbase-insecure-development-key"  # HOPBASE_DEBUG=1 only
+# Host names the admin answers to. The API paths (hopbase.asgi) never build a
+# URL from the Host header and take any.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+# Behind a reverse proxy that terminates TLS (HOPBASE_BEHIND_TLS=1): cookies
+# only over HTTPS, HSTS, and the scheme read from X-Forwarded-Proto, which
+# that proxy must set (overwriting the client's). Plain HTTP is redirected by
+# the proxy; HOPBASE_SSL_REDIRECT=1 makes Django redirect the admin too.
+HOPBASE_BEHIND_TLS = env_bool("HOPBASE_BEHIND_TLS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HOPBASE_BEHIND_TLS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HOPBASE_BEHIND_TLS else None
+SECURE_HSTS_SECONDS = env_int("HOPBASE_HSTS_SECONDS", 365 * 24 * 3600 if HOPBASE_BEHIND_TLS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_SSL_REDIRECT = env_bool("HOPBASE_SSL_REDIRECT", False)
+SILENCED_SYSTEM_CHECKS = [
+    # HSTS preload commits a whole registrable domain (hstspreload.org): its
+    # owner's decision, not the gateway's.
+    "security.W021",
+    # Behind TLS without HOPBASE_SSL_REDIRECT the proxy redirects plain HTTP.
+    *(["security.W008"] if HOPBASE_BEHIND_TLS and not SECURE_SSL_REDIRECT else []),
 ]
 
 
@@ -143,6 +178,27 @@ def env_networks(name: str) -> tuple[str, ...]:
     except ValueError as error:
         raise ImproperlyConfigured(f"{name}={raw!r}: {error}") from None
 
+
+def env_fernet_keys(name: str) -> tuple[str, ...]:
+    """A comma list of Fernet keys (core.encryption). The message names the
+    entry by position, never by value: a key is a secret."""
+    keys = tuple(k.strip() for k in os.environ.get(name, "").split(",") if k.strip())
+    for number, key in enumerate(keys, 1):
+        try:
+            valid = len(base64.urlsafe_b64decode(key.encode("ascii"))) == 32
+        except (binascii.Error, ValueError, UnicodeEncodeError):
+            valid = False
+        if not valid:
+            raise ImproperlyConfigured(
+                f"{name}: entry {number} is not a Fernet key (32 url-safe base64-encoded bytes; make one with "
+                "python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
+            )
+    return keys
+
+
+# Keys for channel secrets at rest: the first encrypts, all decrypt. Unset:
+# one key derived from SECRET_KEY (core.encryption).
+HOPBASE_ENCRYPTION_KEYS = env_fernet_keys("HOPBASE_ENCRYPTION_KEYS")
 
 # Addresses or networks of the reverse proxies whose X-Forwarded-For is
 # believed, for the client address the throttles count by. None by default.
@@ -180,6 +236,8 @@ HOPBASE_SPOOL_DIR = Path(env_str("HOPBASE_SPOOL_DIR", str(BASE_DIR / "var" / "sp
 HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
 # A stream whose client has this much sent to it but not yet taken (as far as
 # the server can tell) is ended with the interruption event.
+# If set, GET /metrics needs "Authorization: Bearer <token>".
+HOPBASE_METRICS_TOKEN = env_str("HOPBASE_METRICS_TOKEN", "")
 HOPBASE_MAX_UNSENT_BYTES = env_int("HOPBASE_MAX_UNSENT_BYTES", 4 * 1024 * 1024, minimum=4096)
 # Circuit breaker (channels_pool.health): failures in a row before a channel
 # is skipped, and the first and longest cool-down.
@@ -229,6 +287,14 @@ TEMPLATES = [
     },
 ]
 
+# Staff passwords (the admin; manage.py createstaff).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -248,7 +314,8 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Celery: Redis as broker when REDIS_URL is set, otherwise tasks run eagerly in-process.
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+# (A host, though unused: kombu warns of a memory URL without one.)
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
 CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

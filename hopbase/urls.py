@@ -9,6 +9,7 @@ GEMINI_VERSION = r"(?P<version>v1|v1beta|v1alpha)"
 urlpatterns = [
     path("healthz", views.healthz),
     path("readyz", views.readyz),
+    path("metrics", views.metrics_text),
     path("v1/chat/completions", views.chat_completions),
     path("v1/responses", views.responses),
     path("v1/messages", views.messages),

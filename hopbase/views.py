@@ -7,12 +7,13 @@ import json
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from billing.usage import parse_page, read_page
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import database_call
-from hopbase import intake, readiness
+from hopbase import intake, metrics, readiness
 from hopbase.intake import Call, authorized
 from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
@@ -114,3 +115,12 @@ async def healthz(request: HttpRequest) -> HttpResponse:
 async def readyz(request: HttpRequest) -> HttpResponse:
     status, body = await readiness.report()
     return JsonResponse(body, status=status, headers={"cache-control": "no-store"})
+
+
+async def metrics_text(request: HttpRequest) -> HttpResponse:
+    if not metrics.authorized(request):
+        response = JsonResponse({"error": {"message": "A bearer token is required.", "type": "invalid_request_error"}}, status=401)
+        response["www-authenticate"] = "Bearer"
+        return response
+    body = await metrics.exposition(await readiness.dependencies())
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

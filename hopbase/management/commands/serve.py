@@ -11,15 +11,31 @@ SIGINT or SIGTERM, and stops when any of them dies.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from types import FrameType
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from prometheus_client.multiprocess import mark_process_dead
 
 BACKLOG = 4096
+
+
+def fresh_metrics_dir() -> Path:
+    """Where the workers keep their metrics (prometheus-client's multiprocess
+    mode), so that any of them answers a scrape with the totals of all: the
+    operator's PROMETHEUS_MULTIPROC_DIR emptied, or a new folder."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given:
+        shutil.rmtree(given, ignore_errors=True)
+        Path(given).mkdir(parents=True)
+        return Path(given)
+    return Path(tempfile.mkdtemp(prefix="hopbase-metrics-"))
 
 
 class Command(BaseCommand):
@@ -54,10 +70,15 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        children.extend(subprocess.Popen(command, pass_fds=[fd]) for _ in range(workers))
+        metrics_dir = fresh_metrics_dir()
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        children.extend(subprocess.Popen(command, pass_fds=[fd], env=env) for _ in range(workers))
         self.stdout.write(f"HopBase serving on http://{host}:{port} with {workers} worker(s)")
         try:
-            os.wait()  # the first worker to end (or a signal) ends the service
+            # The first worker to end (or a signal) ends the service; the
+            # others, draining meanwhile, no longer count its open streams.
+            pid, _ = os.wait()
+            mark_process_dead(pid, str(metrics_dir))
         except ChildProcessError:
             pass
         finally:
@@ -66,6 +87,8 @@ class Command(BaseCommand):
             for child in children:
                 child.wait()
             listener.close()
+            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                shutil.rmtree(metrics_dir, ignore_errors=True)
         if crashed:
             # A supervisor restarting on failure should see one.
             raise CommandError("a gateway worker exited; all workers stopped")
