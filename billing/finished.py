@@ -36,6 +36,9 @@ class Finished:
     duration_ms: int = 0
     upstream_status: int | None = None
     price_multiplier: Decimal | None = None
+    # For the request's log line only (not stored on the row).
+    key_prefix: str = ""
+    channel_name: str = ""
 
     def to_json(self) -> bytes:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

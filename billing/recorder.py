@@ -47,6 +47,31 @@ from core.snapshots import refresh_connection
 log = logging.getLogger("hopbase.requests")
 
 
+def log_fields(item: Finished) -> dict[str, object]:
+    """The request's log line (one a request, from HopBase): no secret, and
+    of the key only its display prefix."""
+    tokens = billable_tokens(item.status, item.usage, item.prompt_chars, item.sent_chars)
+    return {
+        "request_id": item.request_id,
+        "tenant_id": item.tenant_id,
+        "key_prefix": item.key_prefix,
+        "protocol": item.protocol.value,
+        "model": item.model,
+        "stream": item.stream,
+        "channel": item.channel_name or None,
+        "status": item.status.value,
+        "error_kind": item.error_kind or None,
+        "attempts": item.attempts,
+        "ttft_ms": item.ttft_ms,
+        "duration_ms": item.duration_ms,
+        "input_tokens": tokens.input_tokens,
+        "output_tokens": tokens.output_tokens,
+        "cache_read_tokens": tokens.cache_read_tokens,
+        "cache_write_tokens": tokens.cache_write_tokens,
+        "usage_estimated": tokens.estimated,
+    }
+
+
 def to_row(item: Finished) -> RequestLog:
     tokens = billable_tokens(item.status, item.usage, item.prompt_chars, item.sent_chars)
     return RequestLog(
@@ -204,10 +229,7 @@ class Recorder:
                 break
         self.spool.committed([item.request_id for item in batch])
         for item in batch:
-            log.info(
-                "request %s tenant=%s model=%s status=%s attempts=%s ttft_ms=%s duration_ms=%s",
-                item.request_id, item.tenant_id, item.model, item.status, item.attempts, item.ttft_ms, item.duration_ms,
-            )
+            log.info("request %s %s", item.request_id, item.status.value, extra={"fields": log_fields(item)})
 
     def _insert(self, rows: list[RequestLog]) -> None:
         with transaction.atomic():

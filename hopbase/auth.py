@@ -64,6 +64,7 @@ class Caller:
             protocol=api,
             status=status,
             price_multiplier=self.price_multiplier,
+            key_prefix=self.key_prefix,
             **fields,
         )
 

@@ -104,6 +104,16 @@ def to_response(reply: Reply) -> HttpResponse | StreamingHttpResponse:
         response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
     for name, value in reply.headers.items():
         response[name] = value
+    if reply.status >= 400:
+        quiet(response)
+    return response
+
+
+def quiet(response: HttpResponse) -> HttpResponse:
+    """One of HopBase's own answers (a refusal, table E): it has its request
+    line already (billing.recorder), so Django is not to log it again as a
+    server error."""
+    response._has_been_logged = True
     return response
 
 

@@ -345,6 +345,7 @@ class Run:
             model=self.facts.model,
             stream=self.facts.stream,
             channel_id=self.channel.id if self.channel else None,
+            channel_name=self.channel.name if self.channel else "",
             error_kind=self.error_kind,
             attempts=self.attempts,
             usage=replace(watcher.usage) if watcher is not None else Usage(),

@@ -340,11 +340,18 @@ CELERY_BEAT_SCHEDULE = {
 # worker kills itself, to prove a crash loses and doubles nothing. Empty: never.
 HOPBASE_TEST_CRASH_AT = env_str("HOPBASE_TEST_CRASH_AT", "")
 
+# One JSON object a line for log search, or plain text for development.
+HOPBASE_LOG_FORMAT = env_str("HOPBASE_LOG_FORMAT", "text" if DEBUG else "json")
+if HOPBASE_LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured(f"HOPBASE_LOG_FORMAT: {HOPBASE_LOG_FORMAT!r} is not json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "json": {"()": "core.logs.JsonFormatter"},
+        "text": {"()": "core.logs.TextFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": HOPBASE_LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("HOPBASE_LOG_LEVEL", "INFO")},
     "loggers": {
         # One line per request comes from HopBase itself; httpx would log every

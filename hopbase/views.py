@@ -114,13 +114,14 @@ async def healthz(request: HttpRequest) -> HttpResponse:
 
 async def readyz(request: HttpRequest) -> HttpResponse:
     status, body = await readiness.report()
-    return JsonResponse(body, status=status, headers={"cache-control": "no-store"})
+    # A 503 while starting or draining is the answer asked for, not an error.
+    return intake.quiet(JsonResponse(body, status=status, headers={"cache-control": "no-store"}))
 
 
 async def metrics_text(request: HttpRequest) -> HttpResponse:
     if not metrics.authorized(request):
         response = JsonResponse({"error": {"message": "A bearer token is required.", "type": "invalid_request_error"}}, status=401)
         response["www-authenticate"] = "Bearer"
-        return response
+        return intake.quiet(response)
     body = await metrics.exposition(await readiness.dependencies())
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
