@@ -18,6 +18,9 @@ DEMO_MODELS = {
     "anthropic": ["claude-sonnet-5-5", "claude-haiku-5-5"],
     "gemini": ["gemini-2.5-flash"],
 }
+# Served first by a channel that always answers 529 (its key tells the
+# simulator so), then by a healthy one: failover to watch out of the box.
+FAILOVER_MODEL = "failover-demo"
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
 
 SNIPPET = """
@@ -43,6 +46,25 @@ Google GenAI SDK:
     from google import genai
     client = genai.Client(api_key="{secret}", http_options={{"base_url": "{gateway}", "api_version": "v1beta"}})
     print(client.models.generate_content(model="gemini-2.5-flash", contents="Hello").text)
+
+Watch failover: ask for model "{failover}" with any SDK. Its first channel
+always answers 529; HopBase moves to the next before anything reaches you,
+and after a few failures the breaker skips the bad channel for a while. The
+admin shows both: each request log's attempts and channel, and the
+channels' health.
+
+Make a request misbehave with a directive in the prompt: "[sim status=529]"
+(every channel fails: you get an ordinary error in your SDK's format),
+"[sim cut_after=3]", "[sim stall_after=2]", "[sim first_delay=3]",
+"[sim tokens=200 pace=0.05]". The stall timeout is 180 s by default: to try
+faults quickly, start with short timers, e.g.
+    HOPBASE_STALL_TIMEOUT=5 HOPBASE_KEEPALIVE_INTERVAL=2 HOPBASE_HOLD_MAX=5 bin/demo
+
+Operators: create a login, then open {gateway}/admin/ (tenants, keys,
+channels and their health, prices, request logs, the ledger) and the
+dashboard at {gateway}/admin/dashboard/:
+    .venv/bin/python manage.py createsuperuser
+Metrics: {gateway}/metrics   Readiness: {gateway}/readyz
 """
 
 
@@ -65,14 +87,25 @@ class Command(BaseCommand):
                 name=f"demo-{protocol}",
                 defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": models},
             )
-            for model in models:
-                if not ModelPrice.objects.filter(model=model).exists():
-                    ModelPrice.objects.create(
-                        model=model,
-                        input_usd_per_mtok=DEMO_PRICE["input"],
-                        output_usd_per_mtok=DEMO_PRICE["output"],
-                        cache_read_usd_per_mtok=DEMO_PRICE["read"],
-                        cache_write_usd_per_mtok=DEMO_PRICE["write"],
-                    )
+            Channel.objects.update_or_create(
+                name=f"demo-{protocol}-flaky",
+                defaults={
+                    "protocol": protocol, "base_url": base_url, "secret": "sim:status=529",
+                    "served_models": [FAILOVER_MODEL], "priority": 10,
+                },
+            )
+            Channel.objects.update_or_create(
+                name=f"demo-{protocol}-steady",
+                defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": [FAILOVER_MODEL]},
+            )
+        for model in {FAILOVER_MODEL, *(m for models in DEMO_MODELS.values() for m in models)}:
+            if not ModelPrice.objects.filter(model=model).exists():
+                ModelPrice.objects.create(
+                    model=model,
+                    input_usd_per_mtok=DEMO_PRICE["input"],
+                    output_usd_per_mtok=DEMO_PRICE["output"],
+                    cache_read_usd_per_mtok=DEMO_PRICE["read"],
+                    cache_write_usd_per_mtok=DEMO_PRICE["write"],
+                )
         _, secret = ApiKey.objects.issue(tenant, label="demo")
-        self.stdout.write(SNIPPET.format(gateway=gateway_url.rstrip("/"), secret=secret))
+        self.stdout.write(SNIPPET.format(gateway=gateway_url.rstrip("/"), secret=secret, failover=FAILOVER_MODEL))
