@@ -43,6 +43,7 @@ from billing.models import RequestLog
 from billing.spool import Spool
 from billing.tasks import publisher
 from core.snapshots import refresh_connection
+from core.vocabulary import ApiName, RequestStatus
 
 log = logging.getLogger("hopbase.requests")
 
@@ -55,11 +56,11 @@ def log_fields(item: Finished) -> dict[str, object]:
         "request_id": item.request_id,
         "tenant_id": item.tenant_id,
         "key_prefix": item.key_prefix,
-        "protocol": item.protocol.value,
+        "protocol": ApiName(item.protocol).value,
         "model": item.model,
         "stream": item.stream,
         "channel": item.channel_name or None,
-        "status": item.status.value,
+        "status": RequestStatus(item.status).value,
         "error_kind": item.error_kind or None,
         "attempts": item.attempts,
         "ttft_ms": item.ttft_ms,
@@ -229,7 +230,11 @@ class Recorder:
                 break
         self.spool.committed([item.request_id for item in batch])
         for item in batch:
-            log.info("request %s %s", item.request_id, item.status.value, extra={"fields": log_fields(item)})
+            try:
+                fields = log_fields(item)
+            except Exception:  # a record that could not be written has been logged in full already
+                continue
+            log.info("request %s %s", item.request_id, fields["status"], extra={"fields": fields})
 
     def _insert(self, rows: list[RequestLog]) -> None:
         with transaction.atomic():
