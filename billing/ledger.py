@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import Decimal
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -21,6 +21,7 @@ def post_entry(
     amount_usd: Decimal,
     request_log: RequestLog | None = None,
     note: str = "",
+    idempotency_key: str | None = None,
 ) -> LedgerEntry:
     # The row lock orders concurrent postings for one tenant, so each entry's
     # balance_after is the balance right after it. FOR NO KEY UPDATE
@@ -35,6 +36,7 @@ def post_entry(
         balance_after_usd=balance_after,
         request_log=request_log,
         note=note,
+        idempotency_key=idempotency_key,
     )
     # The exact sum computed here, not F("balance_usd") + amount: SQLite would
     # add in floating point and the balance would drift from its entries.
@@ -85,10 +87,42 @@ def post_charges(charges: Sequence[tuple[int, Decimal, int]]) -> list[LedgerEntr
     return entries
 
 
+class TopUpMismatch(ValueError):
+    """An idempotency key already used for another tenant or amount."""
+
+
 def top_up(tenant: Tenant, amount_usd: Decimal, note: str = "top-up") -> LedgerEntry:
     if amount_usd <= 0:
         raise ValueError("a top-up must be a positive amount")
     return post_entry(tenant.pk, LedgerEntry.Kind.TOPUP, amount_usd, note=note)
+
+
+def top_up_once(
+    tenant: Tenant, amount_usd: Decimal, idempotency_key: str, note: str = "top-up"
+) -> tuple[LedgerEntry, bool]:
+    """A top-up that happens once per key, however often it is asked for (a
+    form submitted twice, a retried request): ``(entry, created)``. The key
+    is unique in the ledger, so two requests racing each other credit once
+    too: the loser's insert fails and it returns the winner's entry."""
+    if amount_usd <= 0:
+        raise ValueError("a top-up must be a positive amount")
+    if not idempotency_key:
+        raise ValueError("an idempotency key is required")
+    existing = LedgerEntry.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is None:
+        try:
+            entry = post_entry(
+                tenant.pk, LedgerEntry.Kind.TOPUP, amount_usd, note=note, idempotency_key=idempotency_key
+            )
+        except IntegrityError:
+            existing = LedgerEntry.objects.filter(idempotency_key=idempotency_key).first()
+            if existing is None:
+                raise
+        else:
+            return entry, True
+    if existing.tenant_id != tenant.pk or existing.amount_usd != amount_usd or existing.kind != LedgerEntry.Kind.TOPUP:
+        raise TopUpMismatch("this top-up token was already used for another top-up")
+    return existing, False
 
 
 def sum_of_entries(tenant: Tenant) -> Decimal:

@@ -126,6 +126,8 @@ class LedgerEntry(models.Model):
         RequestLog, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entry"
     )
     note = models.CharField(max_length=200, blank=True)
+    # A top-up form's one-time token: the same form sent twice credits once.
+    idempotency_key = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

@@ -1,7 +1,9 @@
 """Operator admin for upstream channels.
 
 The provider secret is write-only (channels_pool.forms.ChannelForm): no admin
-page ever renders it, and a blank field on edit keeps the stored one.
+page ever renders it, a blank field on edit keeps the stored one, and a new
+base URL needs it typed again. Every change is in the admin log
+(hopbase.audit), the actions' too.
 """
 
 from __future__ import annotations
@@ -77,10 +79,18 @@ class ChannelAdmin(admin.ModelAdmin):
 
     @admin.action(description="Enable selected channels", permissions=["change"])
     def enable_channels(self, request, queryset) -> None:
-        count = queryset.update(enabled=True)
+        count = self._switch(request, queryset, enabled=True)
         messages.success(request, f"Enabled {count} channel(s).")
 
     @admin.action(description="Disable selected channels", permissions=["change"])
     def disable_channels(self, request, queryset) -> None:
-        count = queryset.update(enabled=False)
+        count = self._switch(request, queryset, enabled=False)
         messages.success(request, f"Disabled {count} channel(s).")
+
+    def _switch(self, request, queryset, enabled: bool) -> int:
+        """Switch the channels that are not so yet, each change in the admin log."""
+        channels = list(queryset.exclude(enabled=enabled).select_related(None).only("pk", "name"))
+        count = Channel.objects.filter(pk__in=[c.pk for c in channels]).update(enabled=enabled)
+        for channel in channels:
+            self.log_change(request, channel, "Enabled." if enabled else "Disabled.")
+        return count

@@ -5,13 +5,16 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.encryption import EncryptedTextField
 from core.vocabulary import WireProtocol
 
 BASE_URL_MAX_LENGTH = 500
+SECRET_MAX_LENGTH = 500  # of the plaintext
 
 
 def validate_base_url(value: str) -> str:
@@ -57,7 +60,11 @@ class Channel(models.Model):
         validators=[validate_base_url],
         help_text="As the provider's SDK takes it: OpenAI http://host:port/v1; Anthropic and Gemini http://host:port",
     )
-    secret = models.CharField(max_length=500, help_text="The provider API key. Write-only.")
+    # Plaintext on the instance, a Fernet token in the database and in dumps.
+    secret = EncryptedTextField(
+        validators=[MaxLengthValidator(SECRET_MAX_LENGTH)],
+        help_text="The provider API key. Write-only; encrypted at rest.",
+    )
     served_models = models.JSONField(default=list, help_text="Model names this channel serves")
     priority = models.IntegerField(default=0, help_text="Higher is tried first")
     weight = models.PositiveIntegerField(default=1, help_text="Share among channels of equal priority")

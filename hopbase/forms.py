@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal
 
 from django import forms
@@ -30,3 +31,11 @@ class TopUpForm(forms.Form):
         help_text="Credited to the tenant as a ledger entry.",
     )
     note = forms.CharField(max_length=200, required=False, help_text="Shown on the ledger entry.")
+    # One per rendered form (billing.ledger.top_up_once): sent twice, it credits once.
+    token = forms.CharField(widget=forms.HiddenInput, min_length=16, max_length=64,
+                            error_messages={"required": "This form has expired: open the top-up page again."})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            self.initial["token"] = secrets.token_urlsafe(24)

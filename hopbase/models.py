@@ -34,6 +34,8 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["name"]
+        # Crediting money is its own right, apart from editing a tenant (hopbase.roles).
+        permissions = [("top_up_tenant", "Can top up a tenant's balance")]
         constraints = [
             models.CheckConstraint(condition=Q(price_multiplier__gte=0), name="tenant_multiplier_not_negative"),
             models.CheckConstraint(condition=~Q(name=""), name="tenant_name_not_empty"),

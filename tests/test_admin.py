@@ -107,8 +107,10 @@ def test_it_tops_up_a_tenant_through_the_ledger(admin_client):
     change_page = admin_client.get(reverse("admin:hopbase_tenant_change", args=[tenant.pk])).content.decode()
     url = reverse("admin:hopbase_tenant_topup", args=[tenant.pk])
     assert url in change_page
-    assert admin_client.get(url).status_code == 200
-    response = admin_client.post(url, {"amount_usd": "25.125", "note": "invoice 17"})
+    form_page = admin_client.get(url)
+    assert form_page.status_code == 200
+    token = re.search(r'name="token" value="([^"]+)"', form_page.content.decode())[1]
+    response = admin_client.post(url, {"amount_usd": "25.125", "note": "invoice 17", "token": token})
     assert response.status_code == 302
     entry = LedgerEntry.objects.get(tenant=tenant)
     assert (entry.kind, entry.amount_usd, entry.note) == ("topup", Decimal("25.125"), "invoice 17")
@@ -241,7 +243,7 @@ def test_the_channel_secret_never_appears_in_admin_pages(admin_client):
 
 
 def test_a_blank_secret_on_edit_keeps_the_old_one(admin_client):
-    channel = make_channel("up-1", secret="sk-keep-me")
+    channel = make_channel("up-1", secret="sk-keep-me", base_url=CHANNEL_FORM["base_url"])
     url = reverse("admin:channels_pool_channel_change", args=[channel.pk])
     response = admin_client.post(url, {**CHANNEL_FORM, "secret": "", "priority": "9"})
     assert response.status_code == 302

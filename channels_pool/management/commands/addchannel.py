@@ -1,8 +1,8 @@
 """addchannel NAME --protocol P --base-url URL --api-key SECRET --models m1,m2
 [--priority N] [--weight N] [--max-concurrency N]
 
-Adds one upstream channel. The provider secret is stored for the relay and
-never echoed.
+Adds one upstream channel. The provider secret is stored encrypted
+(core.encryption) for the relay and never echoed.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
-from channels_pool.models import Channel, validate_base_url
+from channels_pool.models import SECRET_MAX_LENGTH, Channel, validate_base_url
 from core.commands import (
     INT_MAX,
     OperatorCommand,
@@ -50,7 +50,7 @@ class Command(OperatorCommand):
         secret = options["api_key"].strip()
         if not secret:
             raise CommandError("--api-key must not be empty")
-        if len(secret) > Channel._meta.get_field("secret").max_length:
+        if len(secret) > SECRET_MAX_LENGTH:
             raise CommandError("--api-key is too long")
         models = checked(options["models"], parse_required_model_names, "--models")
         priority = parse_int(options["priority"], "--priority", minimum=-INT_MAX)
