@@ -65,6 +65,7 @@ import argparse
 import asyncio
 import os
 import platform
+import secrets
 import shlex
 import shutil
 import signal
@@ -125,6 +126,7 @@ def main() -> int:
     for name in list(env):
         if name.startswith("HOPBASE_") and name != "HOPBASE_LOG_LEVEL":
             del env[name]  # every other setting at its default
+    env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))  # required; this run's own
     if args.open_streams > 2000:
         env["HOPBASE_UPSTREAM_MAX_CONNECTIONS"] = str(args.open_streams + 100)
     children: list[Child] = []
