@@ -38,6 +38,7 @@ class Record:
     completed: bool = False
     client_closed_at: float | None = None
     tokens_at_close: int | None = None
+    released_at: float | None = None  # when a gate_at stream was let go on
 
     def note_hang_up(self) -> None:
         # A caller leaving after the terminal event has not cut anything short.
@@ -69,4 +70,5 @@ class Record:
             "completed": self.completed,
             "client_closed_at": self.client_closed_at,
             "tokens_at_close": self.tokens_at_close,
+            "released_at": self.released_at,
         }

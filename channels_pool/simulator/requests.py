@@ -9,8 +9,14 @@ merged from three places, later ones overriding earlier ones:
 
 Keys: tokens, thinking, tool, pace, first_delay, status, reason, retry_after,
 error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
-crlf, pause_mid_event, pause_at, tag, id, created, cached, cache_write. Unknown keys and
-malformed values are ignored, so a request always gets an answer.
+crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write. Unknown keys
+and malformed values are ignored, so a request always gets an answer.
+
+``gate_at=N`` (with a ``tag``) makes a stream wait before its content token N
+(0: the first) until ``POST /_sim/release?tag=…`` arrives (or the caller
+hangs up): a test can hold the second token until its client has received
+the first, and so show that nothing between them buffers, by the order of
+events rather than by timing.
 
 The prompt text is also what input tokens are counted from: one
 whitespace-separated word is one token, on purpose unlike the gateway's
@@ -115,6 +121,7 @@ class Directives:
     # holds back the stream until the first token, so keep-alives can only
     # be seen in a pause after it.
     pause_at: int = 0
+    gate_at: int | None = None  # needs a tag: the release names it
     tag: str | None = None
     id: str | None = None
     created: int | None = None
@@ -142,6 +149,7 @@ class Directives:
             crlf=_flag(raw, "crlf"),
             pause_mid_event=_number(raw, "pause_mid_event", float, 0.0),
             pause_at=_number(raw, "pause_at", int, 0),
+            gate_at=_number(raw, "gate_at", int) if raw.get("tag") else None,
             tag=raw.get("tag") or None,
             id=raw.get("id") or None,
             created=_number(raw, "created", int),

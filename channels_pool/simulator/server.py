@@ -49,6 +49,7 @@ class Simulator:
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._gates: dict[str, asyncio.Event] = {}  # tag -> released (gate_at)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -117,6 +118,10 @@ class Simulator:
             tag = request.query.get("tag")
             return await self._json(conn, request, 200,
                                     [r.as_dict() for r in self._records if tag is None or r.tag == tag])
+        if path == "/_sim/release" and method == "POST":
+            # Lets a gate_at stream go on; a release that comes first is kept.
+            self._gate(request.query.get("tag", "")).set()
+            return await self._json(conn, request, 200, {"released": request.query.get("tag", "")})
 
         record = Record(id=next(self._ids), method=method, path=path, query=request.query,
                         headers=request.headers, peer=conn.peer, started_at=time.time())
@@ -288,6 +293,9 @@ class Simulator:
         record.completed = True
         return request.keep_alive
 
+    def _gate(self, tag: str) -> asyncio.Event:
+        return self._gates.setdefault(tag, asyncio.Event())
+
     async def _stream(self, conn: Connection, request: Request, record: Record,
                       renderer: wire.Renderer, d: Directives) -> bool:
         headers = self._headers(record, renderer.stream_content_type, renderer.request_id_header)
@@ -321,6 +329,17 @@ class Simulator:
                     await out.flush()
                     return False  # closing now leaves the chunked body unterminated
             pause = 0.0
+            if event.kind == wire.TOKEN and d.gate_at == tokens and d.tag:
+                await out.flush()
+                released = asyncio.ensure_future(self._gate(d.tag).wait())
+                hung_up = asyncio.ensure_future(conn.gone.wait())
+                await asyncio.wait((released, hung_up), return_when=asyncio.FIRST_COMPLETED)
+                released.cancel()
+                hung_up.cancel()
+                self._gates.pop(d.tag, None)
+                if conn.gone.is_set():
+                    raise ClientGone
+                record.released_at = time.time()
             if event.kind == wire.TOKEN:
                 delay = d.first_delay if tokens == 0 else d.pace
                 if delay > 0:
