@@ -153,18 +153,19 @@ class ApiHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(handler)
 
 
-def name_status_529() -> None:
-    """Anthropic's 529 (overloaded) is not in Python's or Twisted's tables,
-    so Daphne (which takes the phrase from Twisted: ASGI carries none) would
-    send ``529 Unknown Status``."""
+def name_statuses() -> None:
+    """Daphne takes a response's reason phrase from Twisted (ASGI carries
+    none), whose table lacks 429 and Anthropic's 529: they would go out as
+    ``Unknown Status``."""
     try:
         from twisted.web import http as twisted_http
     except ImportError:
         return
+    twisted_http.RESPONSES.setdefault(429, b"Too Many Requests")
     twisted_http.RESPONSES.setdefault(529, b"Overloaded")
 
 
-name_status_529()
+name_statuses()
 site = ASGIStaticFilesHandler(get_asgi_application())
 api = ApiHandler()
 lifecycle.install()

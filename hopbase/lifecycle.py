@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from billing.recorder import recorder
+from hopbase.limits import limits
 
 log = logging.getLogger("hopbase.lifecycle")
 T = TypeVar("T")
@@ -56,6 +57,7 @@ UNWIND = 1.0
 # The longest wait for the request logs to be written, and for Twisted to
 # send what the last requests wrote.
 FLUSH_TIMEOUT = 10.0
+LIMITS_FLUSH_TIMEOUT = 2.0
 WRITE_OUT_TIMEOUT = 2.0
 
 
@@ -140,6 +142,9 @@ class Lifecycle:
                     log.error("drain: %d requests did not end when cut; exiting without them", len(still_open))
                     break
             await asyncio.wait(still_open, timeout=wait)
+        # Slots given back while Redis was away: removed now if it answers,
+        # rather than left counted until they lapse.
+        await limits.flush(LIMITS_FLUSH_TIMEOUT)
         if not await asyncio.wrap_future(daemon_call(recorder.flush, FLUSH_TIMEOUT)):
             log.error("drain: request logs not all written within %.0f s", FLUSH_TIMEOUT)
         log.warning("drained")

@@ -49,6 +49,9 @@ RENEW_SECONDS = 60
 SLOTS_PREFIX = "hopbase:slots:"
 # Releases waiting for Redis to answer again; past this the oldest are left to lapse.
 MAX_PENDING_RELEASES = 10_000
+# While releases wait, how often Redis is asked again (the breaker decides
+# whether a call is even tried), and how long a drain waits for them.
+RELEASE_RETRY_SECONDS = 1.0
 
 
 class StoreDown(Exception):
@@ -150,6 +153,7 @@ class RedisCounters:
         self._releases: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_RELEASES)
         self._renewers: dict[int, asyncio.Task] = {}
         self._flushing = False
+        self._retry_now: asyncio.Event | None = None
 
     def _redis(self):
         loop_id = id(asyncio.get_running_loop())
@@ -167,6 +171,10 @@ class RedisCounters:
             result = await command
         except STORE_ERRORS as error:
             redis_dependency.failed(error)
+            # The pool's other connections likely died with this one (Redis
+            # went away): drop them, rather than fail once more on each of
+            # them when Redis is back, reopening the breaker every time.
+            self._drop_idle_connections()
             raise
         except BaseException:
             redis_dependency.abandoned()
@@ -175,6 +183,11 @@ class RedisCounters:
         if self._releases:
             self._detach(self._flush_releases())
         return result
+
+    def _drop_idle_connections(self) -> None:
+        client = self._clients.get(id(asyncio.get_running_loop()))
+        if client is not None:
+            self._detach(client.connection_pool.disconnect(inuse_connections=False))
 
     def _detach(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -190,6 +203,13 @@ class RedisCounters:
         except asyncio.CancelledError:
             # The caller is gone; if the lease was taken anyway, give it back.
             taking.add_done_callback(lambda done: self._give_back_if_taken(done, name, lease))
+            raise
+        except StoreDown:
+            raise  # never sent: nothing taken
+        except STORE_ERRORS:
+            # Sent, but no answer came back in time: Redis may hold the lease.
+            # Removing a lease that is not there is harmless, so remove it.
+            self._release(name, lease)
             raise
         if taken:
             self._held.setdefault(name, Held()).leases.append(lease)
@@ -227,6 +247,8 @@ class RedisCounters:
             pass  # no event loop here: the next Redis call flushes it
 
     async def _flush_releases(self) -> None:
+        """Remove the leases given back, retrying every RELEASE_RETRY_SECONDS
+        while Redis is away, until none wait (or they lapse)."""
         if self._flushing or not self._releases:
             return
         self._flushing = True
@@ -239,10 +261,23 @@ class RedisCounters:
                         pipe.zrem(SLOTS_PREFIX + name, lease)
                     await self._call(pipe.execute())
                 except STORE_ERRORS:
-                    self._releases.extendleft(reversed(batch))  # when Redis answers again
-                    return
+                    self._releases.extendleft(reversed(batch))
+                    self._retry_now = asyncio.Event()
+                    try:
+                        await asyncio.wait_for(self._retry_now.wait(), RELEASE_RETRY_SECONDS)
+                    except TimeoutError:
+                        pass
         finally:
             self._flushing = False
+
+    async def flush(self) -> None:
+        """Give back every lease still waiting to be (a drain, before exit):
+        a flush waiting to retry tries again at once."""
+        if self._retry_now is not None:
+            self._retry_now.set()
+        await self._flush_releases()
+        while self._flushing:
+            await asyncio.sleep(0.01)
 
     def _keep_renewing(self) -> None:
         loop = asyncio.get_running_loop()
@@ -286,8 +321,7 @@ class RedisCounters:
 
     def open_slots(self, name: str) -> int:
         """Slots of ``name`` this process holds (tests)."""
-        held = self._held.get(name)
-        return 0 if held is None else held.let_through + len(held.leases)
+        return 0 if (held := self._held.get(name)) is None else held.let_through + len(held.leases)
 
 
 class Limits:
@@ -331,6 +365,16 @@ class Limits:
                 raise GatewayError(ErrorKind.RATE_LIMIT, "Too many requests in flight for this API key.", retry_after=1)
             await asyncio.sleep(POLL_SECONDS)
         return True
+
+    async def flush(self, timeout: float) -> None:
+        """Before the process exits: the releases Redis has not taken yet,
+        waited for at most ``timeout`` seconds (the rest lapse)."""
+        counters = self.counters
+        if isinstance(counters, RedisCounters):
+            try:
+                await asyncio.wait_for(counters.flush(), timeout)
+            except TimeoutError:
+                log.warning("limits: some slots given back could not reach Redis; they lapse in %d s", LEASE_SECONDS)
 
     def release_key(self, key_id: int) -> None:
         self.counters.give_back_slot(f"key:{key_id}")

@@ -229,6 +229,79 @@ def test_a_slot_let_through_during_an_outage_is_never_taken_from_the_shared_coun
     assert slot_count(name) == 0
 
 
+def test_a_slot_given_back_during_an_outage_leaves_redis_once_it_answers(redis_proxy, monkeypatch) -> None:
+    """Without another request to carry it: the waiting release is retried on
+    its own, so nothing stays counted until its lease lapses."""
+    monkeypatch.setattr(dependencies.redis, "pause", 0.2)
+    monkeypatch.setattr(limits_module, "RELEASE_RETRY_SECONDS", 0.05)
+    limits = Limits(RedisCounters(through(redis_proxy)))
+    key = uuid.uuid4().int % 10**9
+
+    async def scenario() -> None:
+        assert await limits.admit_key(key, None, 5)
+        redis_proxy.refuse()
+        limits.release_key(key)  # Redis cannot take it now
+        await asyncio.sleep(0.1)
+        assert slot_count(f"key:{key}") == 1
+        redis_proxy.restore()
+        deadline = time.monotonic() + 5
+        while slot_count(f"key:{key}"):
+            assert time.monotonic() < deadline, "the release never reached Redis"
+            await asyncio.sleep(0.02)
+
+    asyncio.run(scenario())
+
+
+def test_a_drain_hands_redis_the_releases_still_waiting(redis_proxy, monkeypatch) -> None:
+    monkeypatch.setattr(dependencies.redis, "pause", 0.05)
+    monkeypatch.setattr(limits_module, "RELEASE_RETRY_SECONDS", 10)  # only the drain's flush can do it in time
+    limits = Limits(RedisCounters(through(redis_proxy)))
+    key = uuid.uuid4().int % 10**9
+
+    async def scenario() -> None:
+        assert await limits.admit_key(key, None, 5)
+        redis_proxy.refuse()
+        limits.release_key(key)
+        await asyncio.sleep(0.1)
+        redis_proxy.restore()
+        await asyncio.sleep(0.1)  # the breaker's pause is over
+        await limits.flush(timeout=2)
+
+    asyncio.run(scenario())
+    assert slot_count(f"key:{key}") == 0
+
+
+BUSY_FOR = """
+local start = redis.call('TIME')
+local t0 = start[1] * 1000000 + start[2]
+repeat local now = redis.call('TIME') until now[1] * 1000000 + now[2] - t0 > tonumber(ARGV[1])
+"""
+
+
+def test_a_take_whose_answer_came_too_late_leaves_no_lease_behind() -> None:
+    """Redis ran the take but answered after the client's timeout: the
+    request was let through holding nothing, so the lease must go too."""
+    limits = Limits(RedisCounters(REDIS_FOR_TESTS))
+    key = uuid.uuid4().int % 10**9
+    busy = redis.Redis.from_url(REDIS_FOR_TESTS)
+
+    async def scenario() -> bool:
+        assert await limits.admit_key(key, None, 5)  # connected
+        limits.release_key(key)
+        blocker = asyncio.get_running_loop().run_in_executor(None, lambda: busy.eval(BUSY_FOR, 0, 400_000))
+        await asyncio.sleep(0.05)
+        taken = await limits.admit_key(key, None, 5)  # times out while Redis is busy
+        await blocker
+        dependencies.redis.reset()
+        deadline = time.monotonic() + 5
+        while slot_count(f"key:{key}"):
+            assert time.monotonic() < deadline, "the late lease was never removed"
+            await asyncio.sleep(0.05)
+        return taken
+
+    assert asyncio.run(scenario()) is False
+
+
 def test_a_crashed_holders_slots_lapse(monkeypatch) -> None:
     monkeypatch.setattr(limits_module, "LEASE_SECONDS", 0.3)
     name = f"test:{uuid.uuid4().hex}"
@@ -315,11 +388,13 @@ def test_a_full_channel_is_waited_for_then_reported_busy(gateway, world):
 
 def test_affinity_lookups_fail_open_fast_and_its_writes_wait_in_a_bounded_queue(redis_proxy, settings, monkeypatch, caplog) -> None:
     from channels_pool import affinity as affinity_module
+    from channels_pool.provider_state import StateOwners
 
     settings.REDIS_URL = through(redis_proxy)
     monkeypatch.setattr(dependencies.redis, "pause", 0.2)
     monkeypatch.setattr(affinity_module, "MAX_QUEUED_WRITES", 5)
-    writer, reader = affinity_module.Affinity(), affinity_module.Affinity()
+    # Owners from no database: this is about Redis (channels_pool.provider_state has its own tests).
+    writer, reader = (affinity_module.Affinity(StateOwners(load=lambda state_id: None)) for _ in range(2))
     prefix = uuid.uuid4().hex
 
     async def lookup(state_id: str) -> tuple[int | None, float]:
