@@ -39,6 +39,7 @@ class SecretUnreadable(Exception):
     secret; it says what to fix."""
 
 
+@lru_cache(maxsize=4)
 def derived_key(secret_key: str) -> str:
     """The Fernet key derived from ``SECRET_KEY`` (HKDF-SHA256)."""
     raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=DERIVATION_SALT, info=DERIVATION_INFO).derive(
