@@ -67,6 +67,7 @@ import contextlib
 import datetime
 import os
 import random
+import secrets
 import shlex
 import shutil
 import signal
@@ -325,6 +326,7 @@ def main() -> int:
         parser.error(str(error))
     redis_url = args.redis_url
     raise_fd_limit()
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))  # required; this run's own
 
     # The schedule: a warm-up with every kind of trouble in it, then more of
     # it, then a calm end (everything restored, traffic still flowing).
