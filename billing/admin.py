@@ -32,6 +32,7 @@ from django.http import (
 from django.urls import path
 from django.utils import timezone
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed
 from billing.models import LedgerEntry, ModelPrice, RequestLog
@@ -179,10 +180,12 @@ def export_response(logs: QuerySet[RequestLog], fmt: str) -> StreamingHttpRespon
 
 @admin.register(RequestLog)
 class RequestLogAdmin(ReadOnlyAdmin):
+    # What an operator scans a list for, narrow enough for a laptop screen
+    # (1440 px, tests/test_admin_browser.py); the rest is on the row's page.
     list_display = (
-        "created_at", "request_id", "tenant", "key_prefix", "model", "channel", "protocol", "stream", "status",
-        "tokens", "usage_estimated", "ttft_ms", "duration_ms", "charge", "settled",
+        "when", "tenant_key", "model", "channel_tried", "outcome", "ttft", "duration", "tokens", "charge", "settled",
     )
+    list_display_links = ("when",)
     list_filter = (
         "status", ("tenant", admin.RelatedFieldListFilter), ModelFilter, ("channel", admin.RelatedFieldListFilter),
         ProtocolFilter, "created_at", SettledFilter, "stream", "usage_estimated",
@@ -194,14 +197,53 @@ class RequestLogAdmin(ReadOnlyAdmin):
     ordering = ("-created_at", "-id")
     actions = ("export_selected_csv", "export_selected_jsonl")
     change_list_template = "admin/billing/requestlog/change_list.html"
+    fieldsets = (
+        ("Request", {"fields": ("request_id", "created_at", "tenant", "api_key", "model", "protocol", "endpoint",
+                                "stream")}),
+        ("Outcome", {"fields": ("status", "error_kind", "channel", "attempts", "upstream_status", "ttft_ms",
+                                "duration_ms")}),
+        ("Usage and charge", {"fields": ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                                         "thinking_tokens", "usage_estimated", "prompt_chars", "sent_chars",
+                                         "price_multiplier", "charge_usd", "settled_at")}),
+    )
 
-    @admin.display(description="key", ordering="api_key__prefix")
-    def key_prefix(self, log: RequestLog) -> str:
-        return log.api_key.prefix if log.api_key is not None else "-"
+    @admin.display(description="time (UTC)", ordering="created_at")
+    def when(self, log: RequestLog) -> str:
+        # The request id (on the row's page, and the search) as its tooltip.
+        return format_html('<span title="{}">{}</span>', log.request_id, f"{log.created_at:%Y-%m-%d %H:%M:%S}")
 
-    @admin.display(description="tokens in / out / cache r / cache w")
+    @admin.display(description="tenant / key", ordering="tenant__name")
+    def tenant_key(self, log: RequestLog) -> str:
+        prefix = log.api_key.prefix if log.api_key is not None else "-"
+        return format_html('{}<br><span class="quiet">{}</span>', log.tenant.name, prefix)
+
+    @admin.display(description="channel", ordering="channel__name")
+    def channel_tried(self, log: RequestLog) -> str:
+        """The channel that served the request, or for one that failed the
+        last one tried; with the number of attempts when there was failover."""
+        name = log.channel.name if log.channel is not None else "-"
+        if log.attempts > 1:
+            return format_html('{}<br><span class="quiet">{} attempts</span>', name, log.attempts)
+        return name
+
+    @admin.display(description="status", ordering="status")
+    def outcome(self, log: RequestLog) -> str:
+        if log.error_kind:
+            return format_html('{}<br><span class="quiet">{}</span>', log.status, log.error_kind)
+        return log.status
+
+    @admin.display(description="TTFT ms", ordering="ttft_ms")
+    def ttft(self, log: RequestLog) -> str:
+        return str(log.ttft_ms) if log.ttft_ms is not None else "-"
+
+    @admin.display(description="duration ms", ordering="duration_ms")
+    def duration(self, log: RequestLog) -> str:
+        return str(log.duration_ms)
+
+    @admin.display(description="tokens in / out")
     def tokens(self, log: RequestLog) -> str:
-        return f"{log.input_tokens} / {log.output_tokens} / {log.cache_read_tokens} / {log.cache_write_tokens}"
+        # ~: estimated (a stream cut short); cache tokens are on the row's page.
+        return f"{'~' if log.usage_estimated else ''}{log.input_tokens} / {log.output_tokens}"
 
     @admin.display(description="charge (USD)", ordering="charge_usd")
     def charge(self, log: RequestLog) -> str:

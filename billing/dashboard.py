@@ -5,6 +5,11 @@ Every number is aggregated by the database (TruncDate, Sum, Count) over the
 window asked for, so the page costs a few grouped queries however many logs
 there are. Charts are inline SVG drawn from those numbers by the template:
 no script, no CDN. Staff with permission to view request logs only.
+
+The window asked for (the last 30 days by default) is fitted to the data:
+the charts and the per-day table start at the first day with requests in
+it, and show at least a week, so that one day of traffic is not one bar in
+a month of empty panels.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from core.money import CHARGE_QUANTUM, usd_text
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366
+# The fewest days a fitted window shows (it ends today).
+MIN_DAYS_SHOWN = 7
 TOP = 15
 # Requests that ended in an error the customer saw (the provider's or ours).
 ERRORS = ("failed", "stalled", "interrupted")
@@ -119,6 +126,8 @@ def grouped(logs: QuerySet[RequestLog], key: str) -> list[Stats]:
 
 
 def per_day(logs: QuerySet[RequestLog], first: dt.date, days: int) -> list[Stats]:
+    """One Stats per day of the window, from its first day with requests
+    (or MIN_DAYS_SHOWN before its last day, if that is earlier) to its last."""
     by_day = {
         row["day"]: row
         for row in logs.annotate(day=TruncDate("created_at", tzinfo=dt.timezone.utc))
@@ -126,13 +135,22 @@ def per_day(logs: QuerySet[RequestLog], first: dt.date, days: int) -> list[Stats
         .annotate(**METRICS)
         .order_by("day")
     }
+    last = first + dt.timedelta(days=days - 1)
+    start = fitted_start(first, last, min(by_day, default=None))
     out = []
-    for offset in range(days):
-        day = first + dt.timedelta(days=offset)
+    for offset in range((last - start).days + 1):
+        day = start + dt.timedelta(days=offset)
         row = by_day.get(day)
         values = {name: row[name] for name in METRICS} if row else {}
         out.append(Stats(day.isoformat(), **values))
     return out
+
+
+def fitted_start(first: dt.date, last: dt.date, first_with_data: dt.date | None) -> dt.date:
+    """Where the days shown begin: empty leading days are dropped, but at
+    least MIN_DAYS_SHOWN days are shown (never more than the window)."""
+    at_most = last - dt.timedelta(days=MIN_DAYS_SHOWN - 1)
+    return max(first, min(first_with_data or last, at_most))
 
 
 def top(stats: list[Stats]) -> list[Stats]:
@@ -166,7 +184,8 @@ def dashboard_context(days: int, now: dt.datetime | None = None) -> dict[str, An
     peak_spend = max((s.spend for s in models + tenants), default=Decimal(0)) or Decimal(1)
     return {
         "days": days,
-        "first_day": first,
+        "first_day": dt.date.fromisoformat(daily[0].label),
+        "window_start": first,
         "totals": totals,
         "charts": charts,
         "daily": daily,

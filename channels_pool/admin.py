@@ -35,9 +35,12 @@ class ChannelHealthInline(admin.StackedInline):
 @admin.register(Channel)
 class ChannelAdmin(admin.ModelAdmin):
     form = ChannelForm
+    # Fits a laptop screen (1440 px, tests/test_admin_browser.py): what a
+    # channel serves and how it is doing; its address, weight and limits
+    # are on its page.
     list_display = (
-        "name", "protocol", "base_url", "models", "priority", "weight", "max_concurrency", "enabled",
-        "health_state", "success_rate", "median_ttft", "last_error",
+        "name", "protocol", "models", "priority", "enabled", "health_state", "success_rate", "median_ttft",
+        "last_error",
     )
     list_filter = ("protocol", "enabled")
     list_select_related = ("health",)

@@ -32,6 +32,9 @@ from hopbase.staff_login import StaffLoginForm
 admin.site.site_header = "HopBase"
 admin.site.site_title = "HopBase admin"
 admin.site.index_title = "Operations"
+# No app list beside every page: it takes a fifth of a laptop screen from the
+# lists (breadcrumbs and the index lead everywhere).
+admin.site.enable_nav_sidebar = False
 admin.site.login_form = StaffLoginForm  # throttled (hopbase.staff_login)
 
 

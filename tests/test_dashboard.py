@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.dashboard import dashboard_context, parse_days
+from billing.dashboard import MIN_DAYS_SHOWN, dashboard_context, fitted_start, parse_days
 from tests.factories import make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
@@ -76,7 +76,9 @@ def test_the_aggregates_are_per_day_model_and_tenant(traffic):
     context = dashboard_context(30)
     daily = {stats.label: stats for stats in context["daily"]}
     today = timezone.now().astimezone(dt.timezone.utc).date()
-    assert len(daily) == 30 and context["first_day"] == today - dt.timedelta(days=29)
+    # A 30-day window, shown from its first day with requests, at least a week.
+    assert context["window_start"] == today - dt.timedelta(days=29)
+    assert len(daily) == 7 and context["first_day"] == today - dt.timedelta(days=6)
     assert (daily[today.isoformat()].requests, daily[today.isoformat()].spend) == (6, Decimal("1.85"))
     assert daily[(today - dt.timedelta(days=2)).isoformat()].tokens == 1000
     assert daily[(today - dt.timedelta(days=1)).isoformat()].requests == 0
@@ -105,3 +107,58 @@ def test_the_page_costs_a_few_queries_however_many_logs(admin_client, traffic):
 @pytest.mark.parametrize("raw,days", [(None, 30), ("7", 7), ("90", 90), ("0", 30), ("abc", 30), ("9999", 30)])
 def test_it_shows_a_sane_window(raw, days):
     assert parse_days(raw) == days
+
+
+# -- the window fitted to the data (issue 11, item 8) ---------------------------------
+
+
+def per_day_rows(html: str) -> list[list[str]]:
+    table = html[html.index('id="per-day"'):]
+    table = table[table.index("<tbody>"):table.index("</tbody>")]
+    return [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in table.split("<tr>")[1:]]
+
+
+def test_one_day_of_data_is_a_week_not_a_month_of_empty_days(admin_client):
+    now = timezone.now()
+    make_log(make_tenant("acme"), charge_usd=Decimal("0.5"), input_tokens=10, created_at=now)
+    html = admin_client.get(URL).content.decode()
+    today = now.astimezone(dt.timezone.utc).date()
+    rows = per_day_rows(html)
+    assert [row[0] for row in rows] == [(today - dt.timedelta(days=n)).isoformat() for n in range(MIN_DAYS_SHOWN)]
+    assert rows[0][1:3] == ["1", "0.50"] and all(row[1] == "0" for row in rows[1:])
+    main = html[html.index('id="content-main"'):html.index('id="per-model"')]
+    assert main.count("<svg") == 5 and main.count("<rect") == 5 * MIN_DAYS_SHOWN
+    assert f'id="first-shown">{(today - dt.timedelta(days=6)).isoformat()}<' in html
+
+
+def test_the_days_shown_start_at_the_first_day_with_requests():
+    now = timezone.now()
+    acme = make_tenant("acme")
+    make_log(acme, created_at=now - dt.timedelta(days=20))
+    make_log(acme, created_at=now)
+    context = dashboard_context(30, now)
+    today = now.astimezone(dt.timezone.utc).date()
+    assert context["first_day"] == today - dt.timedelta(days=20) and len(context["daily"]) == 21
+    assert [s.requests for s in context["daily"]] == [1] + [0] * 19 + [1]
+    assert len(context["charts"][1].bars) == 21 and context["charts"][1].first_label == context["daily"][0].label
+    # All of a shorter window, whatever the data.
+    assert len(dashboard_context(3, now)["daily"]) == 3
+
+
+def test_no_requests_draw_no_empty_charts(admin_client):
+    html = admin_client.get(URL).content.decode()
+    assert 'id="no-requests"' in html and 'class="module hb-chart"' not in html and 'id="per-day"' not in html
+    assert html.count("No requests in this period") == 3  # the charts, per model, per tenant
+
+
+@pytest.mark.parametrize("first_with_data,shown_from", [
+    (None, "2026-03-24"),  # no data: the last week
+    ("2026-03-01", "2026-03-01"),  # the window's first day
+    ("2026-03-10", "2026-03-10"),
+    ("2026-03-29", "2026-03-24"),  # recent data: still a week
+])
+def test_the_fitted_start(first_with_data, shown_from):
+    first, last = dt.date(2026, 3, 1), dt.date(2026, 3, 30)
+    found = dt.date.fromisoformat(first_with_data) if first_with_data else None
+    assert fitted_start(first, last, found) == dt.date.fromisoformat(shown_from)
+    assert fitted_start(dt.date(2026, 3, 28), last, found) == dt.date(2026, 3, 28)  # a 3-day window
