@@ -113,8 +113,7 @@ def committed_rows() -> Iterator[None]:
 
     models = [apps.get_model(name) for name in (
         "admin.LogEntry", "sessions.Session", "billing.LedgerEntry", "billing.RequestLog", "hopbase.ApiKey",
-        "channels_pool.ProviderState", "channels_pool.ChannelHealth", "channels_pool.Channel", "billing.ModelPrice",
-        "hopbase.Tenant", "auth.User",
+        "channels_pool.ChannelHealth", "channels_pool.Channel", "billing.ModelPrice", "hopbase.Tenant", "auth.User",
     )]
     before = {model: set(model._base_manager.values_list("pk", flat=True)) for model in models}
     try:
