@@ -2,7 +2,10 @@
 that a later ``previous_response_id`` names, or a Gemini cached content.
 
 Kept in process memory (bounded), and in Redis when it is configured so that
-every gateway process can follow it. Writes to Redis go through a bounded
+every gateway process can follow it. Which tenant owns the state is also
+written durably (``channels_pool.provider_state``): a request naming state
+another tenant owns is refused (``ForeignState``), whichever of the three
+knows it. Writes to Redis go through a bounded
 queue to one writer thread; past the bound a write is dropped and counted
 (the process still remembers it). Lookups use short timeouts, and while
 Redis is unreachable (``core.dependencies.redis``) they are not tried: the
@@ -24,6 +27,8 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from channels_pool.provider_state import StateOwners
+from channels_pool.provider_state import owners as state_owners
 from core.dependencies import async_redis, sync_redis
 from core.dependencies import redis as redis_dependency
 
@@ -58,8 +63,13 @@ def _parse(raw: Any, legacy: Any) -> tuple[int, int] | None:
     return None
 
 
+class ForeignState(Exception):
+    """The state a request names was created by another tenant."""
+
+
 class Affinity:
-    def __init__(self) -> None:
+    def __init__(self, owners: StateOwners | None = None) -> None:
+        self.owners = state_owners if owners is None else owners
         # state id -> (tenant id, channel id): a tenant can only follow its own state.
         self._local: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._writes: queue.Queue[tuple[str, int, int]] = queue.Queue(MAX_QUEUED_WRITES)
@@ -70,6 +80,7 @@ class Affinity:
         self._last_drop_warning = 0.0
 
     def remember(self, state_id: str, tenant_id: int, channel_id: int) -> None:
+        self.owners.remember(state_id, tenant_id, channel_id)
         self._local[state_id] = (tenant_id, channel_id)
         self._local.move_to_end(state_id)
         if len(self._local) > MAX_LOCAL:
@@ -124,15 +135,24 @@ class Affinity:
         return self._writes.qsize()
 
     async def channel_for(self, state_id: str, tenant_id: int) -> int | None:
-        """The channel that created the tenant's state; None when unknown or
-        another tenant's (then any channel may try, and the provider answers
-        whether it knows the id)."""
-        owner = self._local.get(state_id)
-        if owner is None and settings.REDIS_URL:
-            owner = await self._shared(state_id)
-        if owner is None or owner[0] != tenant_id:
-            return None
-        return owner[1]
+        """The channel that created the tenant's state; None when HopBase
+        does not know it (then any channel may try, and the provider answers
+        whether it knows the id). Raises ``ForeignState`` when another tenant
+        created it."""
+        held = self._local.get(state_id)
+        if held is not None:
+            return self._own(held, tenant_id)
+        owner = await self.owners.owner(state_id)
+        if owner is not None and owner != tenant_id:
+            raise ForeignState()
+        held = await self._shared(state_id) if settings.REDIS_URL else None
+        return None if held is None else self._own(held, tenant_id)
+
+    @staticmethod
+    def _own(held: tuple[int, int], tenant_id: int) -> int:
+        if held[0] != tenant_id:
+            raise ForeignState()
+        return held[1]
 
     async def _shared(self, state_id: str) -> tuple[int, int] | None:
         if not redis_dependency.attempt():

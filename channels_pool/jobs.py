@@ -1,4 +1,5 @@
-"""The channels' periodic work in a gateway process: writing channel health.
+"""The channels' periodic work in a gateway process: writing channel health,
+and the owners of provider state (channels_pool.provider_state).
 
 The breakers live in process memory (``channels_pool.health.board``: the hot
 path never waits for the database). Every HEALTH_INTERVAL seconds a thread
@@ -13,6 +14,7 @@ from __future__ import annotations
 import threading
 
 from channels_pool.health import HealthBoard, HealthSnapshot, board, persist
+from channels_pool.provider_state import WRITE_INTERVAL, StateOwners, owners
 from core.periodic import Periodic
 
 HEALTH_INTERVAL = 1.0
@@ -40,3 +42,8 @@ class HealthWriter:
 def health_writer(source: HealthBoard = board) -> Periodic:
     """The health-writing job (not started)."""
     return Periodic("channel-health", HealthWriter(source), HEALTH_INTERVAL, run_on_stop=True)
+
+
+def provider_state_writer(source: StateOwners = owners) -> Periodic:
+    """The job writing who owns each Responses id and Gemini cache (not started)."""
+    return Periodic("provider-state", source.write, WRITE_INTERVAL, run_on_stop=True)

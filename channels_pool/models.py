@@ -118,3 +118,24 @@ class ChannelHealth(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel_id}: {self.state}"
+
+
+STATE_ID_MAX_LENGTH = 255
+
+
+class ProviderState(models.Model):
+    """Which tenant created a piece of provider-held state (P9): a Responses
+    id or a Gemini cache name. A request naming another tenant's is refused
+    (channels_pool.provider_state); the row outlives any cache of it."""
+
+    state_id = models.CharField(max_length=STATE_ID_MAX_LENGTH, unique=True)
+    tenant = models.ForeignKey("hopbase.Tenant", on_delete=models.PROTECT, related_name="+")
+    channel = models.ForeignKey(Channel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "provider state"
+        constraints = [models.CheckConstraint(condition=~Q(state_id=""), name="provider_state_id_not_empty")]
+
+    def __str__(self) -> str:
+        return self.state_id

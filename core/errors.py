@@ -26,6 +26,10 @@ class ErrorKind(enum.Enum):
     RATE_LIMIT = "rate_limit"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNKNOWN_PATH = "unknown_path"
+    # The request names provider state (a Responses id, a Gemini cache) that
+    # another tenant owns, or that the provider does not know: 404, never
+    # forwarded, never the channel's fault.
+    STATE_NOT_FOUND = "state_not_found"
     ALL_BUSY = "all_busy"
     ALL_FAILED = "all_failed"
     # Not serving now: draining for a restart, or what a database outage or a
@@ -43,6 +47,7 @@ MESSAGES = {
     ErrorKind.RATE_LIMIT: "Rate limit reached for this API key. Please retry shortly.",
     ErrorKind.METHOD_NOT_ALLOWED: "Method not allowed.",
     ErrorKind.UNKNOWN_PATH: "Unknown request URL.",
+    ErrorKind.STATE_NOT_FOUND: "The provider state this request names was not found.",
     ErrorKind.ALL_BUSY: "All model providers are overloaded right now. Please retry shortly.",
     ErrorKind.ALL_FAILED: "The model providers could not complete the request. Please retry.",
     ErrorKind.UNAVAILABLE: "The service is temporarily unavailable. Please retry shortly.",
@@ -59,10 +64,13 @@ FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKin
 
 
 class GatewayError(Exception):
-    def __init__(self, kind: ErrorKind, message: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(
+        self, kind: ErrorKind, message: str | None = None, retry_after: int | None = None, param: str | None = None
+    ) -> None:
         self.kind = kind
         self.message = message or MESSAGES.get(kind, "Invalid request.")
         self.retry_after = None if retry_after is None else max(0, min(retry_after, RETRY_AFTER_CAP))
+        self.param = param  # the request field at fault, where the protocol says so (OpenAI's ``param``)
         super().__init__(self.message)
 
 
@@ -92,6 +100,9 @@ class UpstreamFailure:
     # answer differently, so the client gets the error instead of a retry.
     channel_fault: bool = True
     retry_after: int | None = None
+    # The provider said it does not know the state the request names (a
+    # Gemini cache it refuses with 403): the request's fault.
+    about_state: bool = False
 
 
 def failure_from_status(status: int, api_key_invalid: bool = False, retry_after: int | None = None) -> UpstreamFailure:

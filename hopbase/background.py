@@ -2,6 +2,7 @@
 request (``hopbase.asgi.ApiHandler.handle`` calls ``ensure_started()``):
 
 - channel health written to the database (channels_pool.jobs, ~1 s);
+- the owners of provider state written (channels_pool.jobs, ~0.2 s);
 - API keys' last_used_at written (hopbase.key_usage, ~5 s);
 - dead gateway processes' spools replayed into request logs (billing.jobs,
   at start and every 10 s);
@@ -12,8 +13,9 @@ Each runs on a daemon thread of its own (core.periodic), apart from the
 request-log writer (billing.recorder), so a database outage waited out by
 one delays none of the others. Only a process that serves API requests
 starts them: manage.py commands, Celery workers and the test process never
-sweep or write behind anyone's back. A clean exit writes health and key
-usage once more (atexit); the recorder flushes its own queue.
+sweep or write behind anyone's back. A clean exit writes health, key
+usage and provider state owners once more (atexit); the recorder flushes
+its own queue.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import time
 from collections.abc import Callable
 
 from billing.jobs import settlement_sweep, spool_replayer
-from channels_pool.jobs import health_writer
+from channels_pool.jobs import health_writer, provider_state_writer
 from core.periodic import Periodic
 from hopbase.key_usage import key_usage_writer
 
 # Each makes one job (not started), or None when it has nothing to do here.
-JOBS: tuple[Callable[[], Periodic | None], ...] = (health_writer, key_usage_writer, settlement_sweep, spool_replayer)
+JOBS: tuple[Callable[[], Periodic | None], ...] = (
+    health_writer, provider_state_writer, key_usage_writer, settlement_sweep, spool_replayer,
+)
 STOP_TIMEOUT = 5.0
 
 _started = False

@@ -30,7 +30,7 @@ import httpx
 from django.conf import settings
 
 from billing.finished import Finished
-from channels_pool.affinity import Affinity
+from channels_pool.affinity import Affinity, ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
@@ -109,7 +109,7 @@ class Relay:
         try:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
-            pinned = await self.affinity.channel_for(facts.affinity_key, caller.tenant_id) if facts.affinity_key else None
+            pinned = await self._pinned(api, caller, facts)
             candidates = self.board.arrange(await self.directory.candidates(api.wire, facts.model, pinned))
             if not candidates:
                 run.error_kind = ErrorKind.MODEL_NOT_FOUND.value
@@ -145,6 +145,23 @@ class Relay:
             too_slow=run.too_slow,
         )
 
+    async def _pinned(self, api: Api, caller: Caller, facts: RequestFacts) -> int | None:
+        """The channel holding the state the request names (P9), if HopBase
+        knows it. Another tenant's state is refused as not found, before any
+        channel is called: its owner's conversation must not be served."""
+        if not facts.affinity_key:
+            return None
+        try:
+            return await self.affinity.channel_for(facts.affinity_key, caller.tenant_id)
+        except ForeignState:
+            raise self._state_not_found(api) from None
+
+    @staticmethod
+    def _state_not_found(api: Api) -> GatewayError:
+        field = api.state_field or "state"
+        message = f"The `{field}` given was not found."
+        return GatewayError(ErrorKind.STATE_NOT_FOUND, message, param=api.state_field or None)
+
     # -- the hold (F1–F8) ------------------------------------------------
 
     async def hold(self, run: Run, candidates: list[ChannelInfo]) -> Committed:
@@ -171,6 +188,11 @@ class Relay:
             if outcome is DRAINED:
                 run.error_kind = DRAINED.kind
                 raise GatewayError(ErrorKind.UNAVAILABLE, retry_after=DRAIN_RETRY_AFTER)
+            if run.facts.affinity_key and (outcome.status == 404 or outcome.about_state):
+                # The provider does not know the state the client named: the
+                # request's fault, whichever channel answers it, and never
+                # counted against the channel (a tenant could trip breakers).
+                raise self._state_not_found(run.api)
             if not outcome.channel_fault:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)

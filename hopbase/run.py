@@ -326,7 +326,9 @@ class Run:
             # failure before that was counted by the hold, and a request the
             # channel rightly refused (a 400) is no failure of the channel's.
             relay.board.failed(channel.id, self.error_kind)
-        if status is Status.COMPLETED and watcher is not None and watcher.state_id and channel is not None:
+        if watcher is not None and watcher.state_id and channel is not None:
+            # Whatever the ending: state a stream began (a response id, sent
+            # in its first events) is this tenant's, and on this channel.
             relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
         relay.recorder.record(self._record(status))
 

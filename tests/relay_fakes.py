@@ -17,6 +17,7 @@ from decimal import Decimal
 
 import httpx
 
+from channels_pool.affinity import ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelInfo
 from hopbase.auth import Caller
@@ -134,7 +135,11 @@ class RememberedState:
 
     async def channel_for(self, state_id: str, tenant_id: int) -> int | None:
         owner = self.held.get(state_id)
-        return owner[1] if owner and owner[0] == tenant_id else None
+        if owner is None:
+            return None
+        if owner[0] != tenant_id:
+            raise ForeignState()
+        return owner[1]
 
 
 class FixedDirectory:

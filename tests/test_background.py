@@ -79,9 +79,9 @@ def test_the_real_jobs_are_the_gateways(settings):
         return [job.name for job in jobs if job is not None]
 
     settings.REDIS_URL = None
-    assert names() == ["channel-health", "api-key-last-used", "settlement-sweep", "spool-replay"]
+    assert names() == ["channel-health", "provider-state", "api-key-last-used", "settlement-sweep", "spool-replay"]
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    assert names() == ["channel-health", "api-key-last-used", "spool-replay"]  # beat sweeps
+    assert names() == ["channel-health", "provider-state", "api-key-last-used", "spool-replay"]  # beat sweeps
 
 
 def test_an_api_request_starts_them(fake_jobs):

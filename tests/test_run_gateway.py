@@ -28,6 +28,7 @@ from tests.wire import (
     PROTOCOLS,
     call,
     open_raw,
+    records,
     strip_keepalives,
     wait_for_log,
     wait_for_records,
@@ -235,13 +236,18 @@ def test_a_client_header_that_is_not_ascii_does_not_break_the_upstream_call(gate
 
 def test_another_tenant_cannot_follow_a_response_it_does_not_own(gateway, world):
     first = post(gateway, "responses", world.key, "affinity-model", "hi [sim tokens=2]")
-    owner_channel = wait_for_log(first.headers["x-hopbase-request-id"]).channel_id
-    channels = set()
-    for _ in range(16):
-        other = post(gateway, "responses", world.other_key, "affinity-model", "again", previous_response_id=first.json()["id"])
-        channels.add(wait_for_log(other.headers["x-hopbase-request-id"]).channel_id)
-    # Not pinned: the two equal channels share its requests at random.
-    assert len(channels) == 2 and owner_channel in channels
+    response_id = first.json()["id"]
+    tag = new_tag()
+    for stream_it in (False, True):
+        other = post(gateway, "responses", world.other_key, "affinity-model", f"again [sim tag={tag}]",
+                     stream=stream_it, previous_response_id=response_id)
+        # Refused as not found (table E), before any channel is called.
+        assert other.status_code == 404
+        error = other.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", "previous_response_id")
+        log = wait_for_log(other.headers["x-hopbase-request-id"])
+        assert (log.status, log.channel_id, log.attempts) == ("rejected", None, 0)
+    assert records(world.simulator.url, tag) == []
 
 
 def test_a_gemini_request_naming_a_cache_goes_to_the_channel_that_holds_it(gateway, world):

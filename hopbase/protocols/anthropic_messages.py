@@ -28,6 +28,7 @@ ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.RATE_LIMIT: (429, "rate_limit_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     ErrorKind.UNKNOWN_PATH: (404, "not_found_error"),
+    ErrorKind.STATE_NOT_FOUND: (404, "not_found_error"),
     ErrorKind.ALL_BUSY: (529, "overloaded_error"),
     ErrorKind.ALL_FAILED: (500, "api_error"),
     ErrorKind.UNAVAILABLE: (503, "api_error"),

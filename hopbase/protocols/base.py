@@ -131,6 +131,8 @@ class Api:
     watcher: ClassVar[type[StreamWatcher]]
     # False: the channel answers with one JSON body, not an event stream.
     upstream_streams: ClassVar[bool] = True
+    # The request field that names provider state (``RequestFacts.affinity_key``), if any.
+    state_field: ClassVar[str] = ""
 
     def slow_start_applies(self, model: str, facts: RequestFacts) -> bool:
         """F3: Claude models without extended thinking must start within a

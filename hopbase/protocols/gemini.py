@@ -31,12 +31,15 @@ GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.RATE_LIMIT: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "INVALID_ARGUMENT"),
     ErrorKind.UNKNOWN_PATH: (404, "NOT_FOUND"),
+    ErrorKind.STATE_NOT_FOUND: (404, "NOT_FOUND"),
     ErrorKind.ALL_BUSY: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.ALL_FAILED: (503, "UNAVAILABLE"),
     ErrorKind.UNAVAILABLE: (503, "UNAVAILABLE"),
     ErrorKind.STREAM_BUSY: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.STREAM_FAILED: (503, "UNAVAILABLE"),
 }
+# What Gemini's 403 for an unknown cache says ("CachedContent not found (or permission denied)").
+CACHE_UNKNOWN = b"CachedContent not found"
 CONTENT_PARTS = ("functionCall", "function_call", "inlineData", "inline_data", "executableCode", "executable_code")
 
 
@@ -155,6 +158,7 @@ class Gemini(Api):
     wire = WireProtocol.GEMINI
     keepalive = b"\n"
     watcher = GeminiWatcher
+    state_field = "cachedContent"
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):
@@ -190,6 +194,10 @@ class Gemini(Api):
         return UpstreamRequest(url=url, headers=headers, content=facts.raw_body)
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
+        if status == 403 and CACHE_UNKNOWN in body:
+            # Gemini answers a cachedContent it does not know (or that is
+            # another account's) with 403: the request's fault, not the channel's.
+            return UpstreamFailure(f"http_{status}", status, channel_fault=False, about_state=True)
         # Gemini refuses a bad key with a 400; that is the channel's fault.
         return failure_from_status(status, api_key_invalid=status == 400 and b"API_KEY_INVALID" in body, retry_after=retry_after)
 

@@ -28,6 +28,7 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.RATE_LIMIT: (429, "requests", "rate_limit_exceeded"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error", "method_not_allowed"),
     ErrorKind.UNKNOWN_PATH: (404, "invalid_request_error", "unknown_url"),
+    ErrorKind.STATE_NOT_FOUND: (404, "invalid_request_error", "previous_response_not_found"),
     ErrorKind.ALL_BUSY: (429, "rate_limit_exceeded", "rate_limit_exceeded"),
     ErrorKind.ALL_FAILED: (500, "server_error", "server_error"),
     ErrorKind.UNAVAILABLE: (503, "server_error", "server_error"),
@@ -38,9 +39,9 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
 BUSY_CODES = {"rate_limit_exceeded", "overloaded", "overloaded_error", "server_overloaded", "slow_down"}
 
 
-def openai_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
+def openai_error(kind: ErrorKind, message: str, param: str | None = None) -> tuple[int, dict[str, Any]]:
     status, error_type, code = OPENAI_ERRORS[kind]
-    return status, {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return status, {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def openai_error_is_busy(error: Any) -> bool:
@@ -184,7 +185,7 @@ class OpenAIApi(Api):
     wire = WireProtocol.OPENAI
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
-        status, body = openai_error(error.kind, error.message)
+        status, body = openai_error(error.kind, error.message, error.param)
         return status, dumps(body)
 
     def model_entry(self, model: str) -> dict[str, Any]:

@@ -110,6 +110,7 @@ class ResponsesWatcher(StreamWatcher):
 class Responses(OpenAIApi):
     name = ApiName.RESPONSES
     watcher = ResponsesWatcher
+    state_field = "previous_response_id"
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
