@@ -11,6 +11,7 @@ and a value the database column would round is refused instead.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn
@@ -76,6 +77,18 @@ def parse_int(text: object, what: str, *, minimum: int, maximum: int = INT_MAX) 
 
 def parse_optional_positive(text: object | None, what: str) -> int | None:
     return None if text is None else parse_int(text, what, minimum=1)
+
+
+def parse_moment(text: str, what: str) -> dt.datetime:
+    """An ISO 8601 date (midnight UTC) or datetime (UTC when it carries no offset)."""
+    raw = text.strip()
+    try:
+        moment = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise CommandError(f"{what}: {raw!r} is not an ISO 8601 date or datetime") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment
 
 
 def checked(value: str, validator, what: str):

@@ -116,11 +116,13 @@ class KeyStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request, model_admin):
-        return [("active", "Active"), ("revoked", "Revoked")]
+        return [("active", "Active"), ("expired", "Expired"), ("revoked", "Revoked")]
 
     def queryset(self, request, queryset):
         if self.value() == "active":
-            return queryset.filter(revoked_at__isnull=True)
+            return queryset.active().unexpired()
+        if self.value() == "expired":
+            return queryset.active().filter(expires_at__lte=timezone.now())
         if self.value() == "revoked":
             return queryset.filter(revoked_at__isnull=False)
         return queryset
@@ -130,7 +132,8 @@ class KeyStateFilter(admin.SimpleListFilter):
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
     list_display = (
-        "prefix", "tenant", "label", "models", "rpm", "concurrency", "revoked_at", "last_used_at", "created_at",
+        "prefix", "tenant", "label", "models", "rpm", "concurrency", "expires_at", "revoked_at", "last_used_at",
+        "created_at",
     )
     list_filter = (KeyStateFilter,)
     list_select_related = ("tenant",)
@@ -144,9 +147,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd")
+            return ("tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd", "expires_at")
         return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd",
-                "created_at", "last_used_at", "revoked_at")
+                "expires_at", "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
@@ -162,7 +165,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if change:
             # Only the editable fields: revocation and last use are written
             # elsewhere, and a whole-row save would undo them.
-            obj.save(update_fields=["label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd"])
+            obj.save(update_fields=["label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd", "expires_at"])
             return
         key, secret = ApiKey.objects.issue(
             obj.tenant,
@@ -171,6 +174,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             rpm=obj.rpm,
             concurrency=obj.concurrency,
             monthly_limit_usd=obj.monthly_limit_usd,
+            expires_at=obj.expires_at,
         )
         # The admin goes on with the object it passed in (history entry,
         # response): make it the issued row.

@@ -3,7 +3,10 @@ a tenant through a short-lived in-process cache so the hot path does not ask
 the database for a key it has just seen.
 
 A revoked key keeps working for at most HOPBASE_CONFIG_TTL seconds (5 by
-default) in each gateway process that had it cached.
+default) in each gateway process that had it cached. A key past its expiry
+date (``ApiKey.expires_at``) is refused like a revoked one, from that very
+moment: the cached copy carries the date. Both caches (keys found, keys
+not found) are bounded and let the least recently used entry go first.
 
 While the database is unreachable (D3) a key is answered from what this
 process last learnt of it, for up to HOPBASE_STALE_MAX_AGE seconds (a key
@@ -49,9 +52,13 @@ class Caller:
     concurrency: int | None
     has_spend_limit: bool = False
     price_multiplier: Decimal = Decimal("1")
+    expires_at: float | None = None  # Unix time after which the key is refused; None: never
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and time.time() >= self.expires_at
 
     def finished(self, request_id: str, api: ApiName, status: RequestStatus, **fields: Any) -> Finished:
         """The record of a request of this caller's that ends now (made now,
@@ -69,7 +76,10 @@ class Caller:
         )
 
 
-def key_from_request(headers: dict[str, str], query_key: str | None) -> str | None:
+def key_from_request(headers: dict[str, str], query_key: str | None = None) -> str | None:
+    """The key wherever an SDK sends it (P7). ``query_key`` is ``?key=``,
+    which only Gemini's endpoints take (the caller passes it only there):
+    elsewhere a key in the URL would end up in access logs."""
     authorization = headers.get("authorization", "")
     if authorization[:7].lower() == "bearer ":
         return authorization[7:].strip() or None
@@ -90,6 +100,7 @@ def _load(secret: str) -> Caller | None:
         concurrency=key.concurrency,
         has_spend_limit=key.monthly_limit_usd is not None,
         price_multiplier=key.tenant.price_multiplier,
+        expires_at=key.expires_at.timestamp() if key.expires_at is not None else None,
     )
 
 
@@ -108,9 +119,22 @@ class KeyCache:
         self._refreshing: set[str] = set()
 
     async def authenticate(self, secret: str) -> Caller | None:
-        """The caller a secret belongs to, or None for no such key. Raises
-        ``DatabaseUnavailable`` when the database cannot say and nothing
-        known answers."""
+        """The caller a secret belongs to, or None for no such key (or one
+        past its expiry). Raises ``DatabaseUnavailable`` when the database
+        cannot say and nothing known answers."""
+        caller = await self._caller(secret)
+        if caller is not None and caller.expired():
+            return None
+        return caller
+
+    def knows(self, secret: str) -> bool:
+        """Whether this process has found ``secret`` to be a live key (no I/O)."""
+        if not secret.startswith(KEY_PREFIX):
+            return False
+        entry = self._known.get(hash_secret(secret))
+        return entry is not None and entry.caller is not None and not entry.caller.expired()
+
+    async def _caller(self, secret: str) -> Caller | None:
         if not secret.startswith(KEY_PREFIX):
             return None  # not a HopBase key: no need to ask
         digest = hash_secret(secret)
@@ -149,11 +173,12 @@ class KeyCache:
             pass  # the database is still down: the next probe tells
 
     def _entry(self, digest: str) -> Entry | None:
-        entry = self._known.get(digest)
-        if entry is not None:
-            self._known.move_to_end(digest)
-            return entry
-        return self._unknown.get(digest)
+        for cache in (self._known, self._unknown):
+            entry = cache.get(digest)
+            if entry is not None:
+                cache.move_to_end(digest)  # most recently used: the last to go
+                return entry
+        return None
 
     def _store(self, digest: str, caller: Caller | None) -> None:
         now = time.monotonic()

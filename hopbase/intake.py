@@ -22,10 +22,13 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.balances import balances, key_spend
 from billing.pricing import prices
 from channels_pool.selection import directory
-from core.errors import DatabaseUnavailable, ErrorKind, GatewayError
-from core.vocabulary import RequestStatus
+from core.errors import ErrorKind, GatewayError
+from core.vocabulary import ApiName, RequestStatus
 from hopbase import gateway, key_usage
 from hopbase.auth import Caller, key_from_request, keys
+from hopbase.auth_throttle import THROTTLED_MESSAGE, failures
+from hopbase.body_keys import repeated_key
+from hopbase.client_address import client_address
 from hopbase.metrics import refusals_total
 from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.run import Reply, error_reply, new_request_id
@@ -68,15 +71,16 @@ def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView],
             request_id = new_request_id()
             headers = client_headers(request)
             try:
-                caller = await identify(request, headers)
+                caller = await identify(request, headers, chosen)
                 if caller is None:
                     response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
                 else:
                     key_usage.note(caller.key_id, timezone.now())
                     response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
-            except DatabaseUnavailable as error:
+            except GatewayError as error:
                 # D3: the database did not answer and nothing known does (a
-                # key never seen, say): 503 in the caller's format, not "no such key".
+                # key never seen, say): 503 in the caller's format, not "no
+                # such key". Or the address has failed too often: 429.
                 response = error_response(chosen, error)
             response[REQUEST_ID_HEADER] = request_id
             return response
@@ -121,12 +125,23 @@ def error_response(api: Api, error: GatewayError) -> HttpResponse:
     return to_response(error_reply(api, error))
 
 
-async def identify(request: HttpRequest, headers: dict[str, str]) -> Caller | None:
-    secret = key_from_request(headers, request.GET.get("key"))
+async def identify(request: HttpRequest, headers: dict[str, str], api: Api) -> Caller | None:
+    """The caller, or None for no such key (a failed authentication, counted
+    against the client's address). Raises ``GatewayError`` (429) while the
+    address is over its limit of failures, unless the key is one this
+    process already knows is live (hopbase.auth_throttle)."""
+    global _unknown_keys
+    # ?key= only where Gemini's SDK sends it: elsewhere no key rides in a URL.
+    secret = key_from_request(headers, request.GET.get("key") if api.name == ApiName.GEMINI else None)
+    if failures.blocking():
+        retry_after = failures.retry_after(client_address(request))
+        if retry_after is not None and not (secret and keys.knows(secret)):
+            _unknown_keys += 1
+            raise GatewayError(ErrorKind.RATE_LIMIT, THROTTLED_MESSAGE, retry_after=retry_after)
     caller = await keys.authenticate(secret) if secret else None
     if caller is None:
-        global _unknown_keys
         _unknown_keys += 1
+        await failures.failed(client_address(request))
     return caller
 
 
@@ -144,9 +159,14 @@ def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes
     if len(raw) > limit:
         raise GatewayError(ErrorKind.TOO_LARGE, f"The request body exceeds {limit} bytes.")
     try:
-        return orjson.loads(raw), raw
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise GatewayError(ErrorKind.MALFORMED, "The request body is not valid JSON.") from None
+    # One reading of the body: what is billed and routed is what the provider reads.
+    repeated = repeated_key(raw, body)
+    if repeated is not None:
+        raise GatewayError(ErrorKind.MALFORMED, f"The request body repeats the key {repeated!r}.", param=repeated)
+    return body, raw
 
 
 async def admit(caller: Caller, model: str) -> None:

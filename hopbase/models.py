@@ -49,11 +49,14 @@ class ApiKeyQuerySet(models.QuerySet):
     def active(self) -> ApiKeyQuerySet:
         return self.filter(revoked_at__isnull=True)
 
+    def unexpired(self) -> ApiKeyQuerySet:
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+
     def authenticate(self, secret: str) -> ApiKey | None:
-        """The live key with this secret, with its tenant, or None."""
+        """The live key with this secret (not revoked, not expired), with its tenant, or None."""
         if not secret.startswith(KEY_PREFIX):
             return None
-        return self.active().select_related("tenant").filter(key_hash=hash_secret(secret)).first()
+        return self.active().unexpired().select_related("tenant").filter(key_hash=hash_secret(secret)).first()
 
     def issue(self, tenant: Tenant, **fields) -> tuple[ApiKey, str]:
         """Create a key and return it with its secret, which is never stored."""
@@ -113,6 +116,10 @@ class ApiKey(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models

@@ -203,6 +203,10 @@ HOPBASE_ENCRYPTION_KEYS = env_fernet_keys("HOPBASE_ENCRYPTION_KEYS")
 # Addresses or networks of the reverse proxies whose X-Forwarded-For is
 # believed, for the client address the throttles count by. None by default.
 HOPBASE_TRUSTED_PROXIES = env_networks("HOPBASE_TRUSTED_PROXIES")
+# Failed API authentications one client address may make in a window of
+# seconds before its new keys are refused (429) until the window ends.
+HOPBASE_AUTH_FAILURES = env_int("HOPBASE_AUTH_FAILURES", 20, minimum=1)
+HOPBASE_AUTH_FAILURE_WINDOW = env_seconds("HOPBASE_AUTH_FAILURE_WINDOW", 60)
 
 DATABASES = {"default": database_from_url("DATABASE_URL", os.environ.get("DATABASE_URL"))}
 REDIS_URL = redis_url("REDIS_URL")

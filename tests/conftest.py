@@ -38,6 +38,8 @@ GATEWAY_TIMERS = {
     "HOPBASE_CAPACITY_WAIT": "1",
     # Scenario channels fail on every request; the breaker has its own test.
     "HOPBASE_BREAKER_FAILURES": "1000000",
+    # Many tests send bad keys from 127.0.0.1; the throttle has its own gateway (test_auth_throttle).
+    "HOPBASE_AUTH_FAILURES": "100000",
 }
 
 PROTOCOLS = ("openai", "anthropic", "gemini")
@@ -119,6 +121,13 @@ def fresh_redis():
         import redis
 
         redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.fixture(autouse=True)
+def unthrottled_failures(settings):
+    """Bad keys sent by one in-process test must not throttle the next
+    (counts are shared through Redis); the throttle has tests of its own."""
+    settings.HOPBASE_AUTH_FAILURES = int(GATEWAY_TIMERS["HOPBASE_AUTH_FAILURES"])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -346,3 +346,41 @@ def test_saving_a_tenant_in_the_admin_never_writes_its_balance_back():
     tenant.refresh_from_db()
     assert (tenant.name, tenant.balance_usd) == ("renamed", Decimal("7"))
     assert tenant.balance_usd == sum_of_entries(tenant)
+
+
+# -- key expiry (issue 10) ------------------------------------------------------------
+
+
+def test_a_key_is_issued_with_an_expiry_and_the_list_shows_it(admin_client):
+    from datetime import datetime, timezone
+
+    tenant = make_tenant("acme")
+    response = admin_client.post(
+        reverse("admin:hopbase_apikey_add"),
+        {"tenant": tenant.pk, "label": "temp", "allowed_models": "",
+         "expires_at_0": "2031-05-01", "expires_at_1": "12:00:00"},
+    )
+    assert response.status_code == 200
+    key = ApiKey.objects.get()
+    assert key.expires_at == datetime(2031, 5, 1, 12, tzinfo=timezone.utc)
+    listing = admin_client.get(reverse("admin:hopbase_apikey_changelist")).content.decode()
+    assert "2031" in listing and "expires at" in listing.lower()
+
+
+def test_an_expiry_is_edited_and_an_expired_key_is_refused(admin_client):
+    key, secret = make_key(make_tenant("acme"), label="ci")
+    url = reverse("admin:hopbase_apikey_change", args=[key.pk])
+    assert "expires_at_0" in admin_client.get(url).content.decode()
+    response = admin_client.post(
+        url, {"label": "ci", "allowed_models": "", "expires_at_0": "2020-01-01", "expires_at_1": "00:00:00"}
+    )
+    assert response.status_code == 302
+    key.refresh_from_db()
+    assert key.expired
+    assert ApiKey.objects.authenticate(secret) is None
+    expired = admin_client.get(reverse("admin:hopbase_apikey_changelist"), {"state": "expired"}).content.decode()
+    active = admin_client.get(reverse("admin:hopbase_apikey_changelist"), {"state": "active"}).content.decode()
+    assert key.prefix in expired and key.prefix not in active
+    admin_client.post(url, {"label": "ci", "allowed_models": "", "expires_at_0": "", "expires_at_1": ""})
+    key.refresh_from_db()
+    assert key.expires_at is None and ApiKey.objects.authenticate(secret) == key

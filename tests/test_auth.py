@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -193,3 +194,81 @@ def test_the_caller_hears_503_in_its_own_format_with_retry_after(quick, monkeypa
     assert int(response["retry-after"]) > 0
     assert "x-should-retry" not in response  # a retry is what mends it
     assert check(response.json())
+
+
+# -- the caches let the least recently used go (issue 10) ------------------------
+
+
+def test_the_key_cache_lets_the_least_recently_used_key_go_first(quick, monkeypatch):
+    monkeypatch.setattr(auth, "MAX_CACHED_KEYS", 3)
+    table = Keys()
+    table.rows = {f"hb-key-{i}": caller(i) for i in range(5)}
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        for i in range(3):
+            await cache.authenticate(f"hb-key-{i}")
+        await cache.authenticate("hb-key-0")  # used again: now the most recent
+        await cache.authenticate("hb-key-3")  # one too many: key 1, the least recent, goes
+
+    asyncio.run(scenario())
+    assert len(cache._known) == 3
+    assert [cache.knows(f"hb-key-{i}") for i in range(4)] == [True, False, True, True]
+    assert cache._known  # never wiped whole
+
+
+def test_unknown_keys_too_let_the_least_recently_used_go_first(quick, monkeypatch, settings):
+    monkeypatch.setattr(auth, "MAX_UNKNOWN_KEYS", 2)
+    settings.HOPBASE_CONFIG_TTL = 60
+    table = Keys()
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        await cache.authenticate("hb-nope-a")
+        await cache.authenticate("hb-nope-b")
+        await cache.authenticate("hb-nope-a")  # answered from the cache, and now the most recent
+        await cache.authenticate("hb-nope-c")
+
+    asyncio.run(scenario())
+    assert list(cache._unknown) == [auth.hash_secret("hb-nope-a"), auth.hash_secret("hb-nope-c")]
+    assert table.calls == ["hb-nope-a", "hb-nope-b", "hb-nope-c"]
+
+
+# -- expiry (ApiKey.expires_at) ------------------------------------------------------
+
+
+def test_a_cached_key_is_refused_from_the_moment_it_expires(quick, settings):
+    settings.HOPBASE_CONFIG_TTL = 60  # the cached copy is fresh throughout
+    table = Keys()
+    table.rows[KNOWN] = replace(caller(), expires_at=time.time() + 0.2)
+    cache = KeyCache(table)
+
+    async def scenario() -> None:
+        assert await cache.authenticate(KNOWN) is not None
+        assert cache.knows(KNOWN)
+        await asyncio.sleep(0.25)
+        assert await cache.authenticate(KNOWN) is None
+        assert not cache.knows(KNOWN)
+
+    asyncio.run(scenario())
+    assert table.calls == [KNOWN]  # no database needed to refuse it
+
+
+@pytest.mark.django_db
+def test_the_database_finds_no_expired_key():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hopbase.models import ApiKey, Tenant
+
+    tenant = Tenant.objects.create(name="expiring")
+    _, past = ApiKey.objects.issue(tenant, expires_at=timezone.now() - timedelta(seconds=1))
+    row, future = ApiKey.objects.issue(tenant, expires_at=timezone.now() + timedelta(days=1))
+    _, never = ApiKey.objects.issue(tenant)
+    assert ApiKey.objects.authenticate(past) is None
+    assert ApiKey.objects.authenticate(future) == row
+    assert ApiKey.objects.authenticate(never) is not None
+    loaded = auth._load(future)
+    assert loaded is not None and loaded.expires_at == pytest.approx(row.expires_at.timestamp())
+    assert auth._load(past) is None

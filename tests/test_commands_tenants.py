@@ -79,7 +79,17 @@ def test_it_issues_an_unlimited_key_for_every_model_by_default():
     make_tenant("acme")
     secret = run("createapikey", "acme").splitlines()[-1]
     key = ApiKey.objects.authenticate(secret)
-    assert (key.allowed_models, key.rpm, key.concurrency) == ([], None, None)
+    assert (key.allowed_models, key.rpm, key.concurrency, key.expires_at) == ([], None, None, None)
+
+
+def test_it_issues_a_key_that_expires():
+    from datetime import datetime, timezone
+
+    make_tenant("acme")
+    out = run("createapikey", "acme", "--expires", "2031-05-01T12:00")
+    key = ApiKey.objects.authenticate(out.splitlines()[-1])
+    assert key.expires_at == datetime(2031, 5, 1, 12, tzinfo=timezone.utc)
+    assert "expires: 2031-05-01T12:00:00+00:00" in out
 
 
 @pytest.mark.parametrize(
@@ -93,6 +103,8 @@ def test_it_issues_an_unlimited_key_for_every_model_by_default():
         (["acme", "--concurrency", "0"], "--concurrency.*at least 1"),
         (["acme", "--concurrency", "99999999999"], "--concurrency.*too large"),
         (["acme", "--name", "x" * 101], "--name.*longer than"),
+        (["acme", "--expires", "next week"], "--expires.*not an ISO 8601"),
+        (["acme", "--expires", "2020-01-01"], "--expires.*already past"),
     ],
 )
 def test_it_refuses_bad_key_options(args, match):

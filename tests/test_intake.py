@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import json
 import time
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from billing.models import RequestLog
-from tests.wire import PROTOCOLS, call, records, wait_for_log
+from tests.wire import PROTOCOLS, call, records, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
@@ -267,3 +269,130 @@ def test_a_request_marks_its_key_as_used(gateway, world):
         time.sleep(0.05)
     used = ApiKey.objects.get(pk=key.pk).last_used_at
     assert used is not None and used != before
+
+
+# -- one reading of the body (issue 10, item 5) ----------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_body_repeating_a_top_level_key_is_refused_in_the_callers_format(gateway, world, protocol):
+    tag = f"repeat{protocol}{time.monotonic_ns()}"
+    request = call(protocol, world.key, "sim-model", f"hi [sim tag={tag}]", stream=True)
+    raw = json.dumps(request.body)
+    # Billed as one thing, served as another, were either reading taken.
+    repeated = "contents" if protocol == "gemini" else "model"
+    again = json.dumps([]) if protocol == "gemini" else json.dumps("claude-sim")
+    content = (raw[:-1] + f', "{repeated}": {again}}}').encode()
+    response = send(gateway, request, content=content, **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert error_of(protocol, response) == MALFORMED[protocol]
+    assert repeated in response.json()["error"]["message"]
+    if protocol in ("chat", "responses"):
+        assert response.json()["error"]["param"] == repeated
+    assert records(world.simulator.url, tag) == []
+    assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
+
+
+def test_a_repeat_in_another_spelling_is_a_repeat_too(gateway, world):
+    request = call("chat", world.key, "sim-model", "hi", stream=False)
+    content = (json.dumps(request.body)[:-1] + ', "mod\\u0065l": "claude-sim"}').encode()
+    response = send(gateway, request, content=content, **{"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "model"
+
+
+# -- model names in upstream URLs ----------------------------------------------------
+
+ODD_MODELS = ("odd?key=stolen", "odd#fragment", "..", "odd%2F..%2F..%2Fv1%2Fadmin")
+
+
+@pytest.fixture(scope="module")
+def odd_models(gateway, world, django_db_blocker):
+    """Gemini models whose names carry URL syntax, served and priced."""
+    from decimal import Decimal
+
+    from billing.models import ModelPrice
+    from channels_pool.models import Channel
+
+    with django_db_blocker.unblock():
+        for model in ODD_MODELS:
+            ModelPrice.objects.get_or_create(
+                model=model, defaults={"input_usd_per_mtok": Decimal("1"), "output_usd_per_mtok": Decimal("1")}
+            )
+            Channel.objects.get_or_create(
+                name=f"gemini-odd-{ODD_MODELS.index(model)}",
+                defaults={"protocol": "gemini", "base_url": world.simulator.url, "secret": "sk-upstream-secret",
+                          "served_models": [model]},
+            )
+    # Until the gateway's channel list (HOPBASE_CONFIG_TTL) has them.
+    deadline = time.monotonic() + 5
+    while send(gateway, call("gemini", world.key, "..", "hi", stream=False)).status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return ODD_MODELS
+
+
+@pytest.mark.parametrize("model", ODD_MODELS)
+def test_a_gemini_model_name_cannot_change_the_upstream_url(gateway, world, odd_models, model):
+    tag = f"odd{ODD_MODELS.index(model)}x{time.monotonic_ns()}"
+    response = send(gateway, call("gemini", world.key, quote(model, safe=""), f"hi [sim tag={tag}]"))
+    assert response.status_code == 200
+    (record,) = wait_for_records(world.simulator.url, tag)
+    # What the simulator received, its escapes undone once: the model whole,
+    # in the path, and nothing added to the query.
+    assert record["path"] == f"/v1beta/models/{model}:streamGenerateContent"
+    assert record["query"] == {"alt": "sse"}
+    assert "key" not in record["query"]
+
+
+def test_a_slash_in_a_gemini_model_name_never_reaches_a_channel(gateway, world):
+    tag = f"slash{time.monotonic_ns()}"
+    request = call("gemini", world.key, "a%2F..%2F..%2Fx", f"hi [sim tag={tag}]")
+    response = send(gateway, request)
+    assert response.status_code == 404
+    assert error_of("gemini", response) == "NOT_FOUND"
+    assert records(world.simulator.url, tag) == []
+
+
+# -- ?key= only where Gemini takes it --------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["chat", "responses", "messages"])
+def test_a_key_in_the_query_is_refused_outside_gemini(gateway, world, protocol):
+    request = call(protocol, world.key, "sim-model", "hi", stream=False)
+    headers = {k: v for k, v in request.headers.items() if k not in ("authorization", "x-api-key")}
+    response = httpx.post(gateway.url + request.path, json=request.body, headers=headers, params={"key": world.key})
+    status, error = INVALID_KEY[protocol]
+    assert response.status_code == status
+    assert error_of(protocol, response) == error
+
+
+def test_a_key_in_the_query_still_works_for_gemini_model_lists(gateway, world):
+    response = httpx.get(gateway.url + "/v1beta/models", params={"key": world.key})
+    assert response.status_code == 200
+    assert "models" in response.json()
+
+
+# -- keys that expire --------------------------------------------------------------------
+
+
+def test_a_key_is_refused_once_it_expires(gateway, world):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from hopbase.models import ApiKey, Tenant
+
+    tenant = Tenant.objects.get(pk=world.tenant_id)
+    _, expired = ApiKey.objects.issue(tenant, label="expired", expires_at=timezone.now() - timedelta(seconds=1))
+    expires_at = timezone.now() + timedelta(seconds=1.5)
+    _, expiring = ApiKey.objects.issue(tenant, label="expiring", expires_at=expires_at)
+    for protocol in ("chat", "gemini"):
+        response = send(gateway, call(protocol, expired, "sim-model", "hi", stream=False))
+        assert (response.status_code, error_of(protocol, response)) == INVALID_KEY[protocol]
+    request = call("chat", expiring, "sim-model", "hi", stream=False)
+    assert send(gateway, request).status_code == 200
+    time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.05)
+    # Refused from its expiry on, though the gateway has it cached.
+    response = send(gateway, request)
+    assert (response.status_code, error_of("chat", response)) == INVALID_KEY["chat"]

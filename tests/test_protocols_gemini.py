@@ -173,3 +173,25 @@ def test_it_bills_gemini_input_without_cached_tokens(gem, world, committed_db, s
     assert (usage.prompt_token_count, usage.cached_content_token_count) == (words(text), 2)
     check_log(world, request_id_of(first), protocol="gemini", stream=stream, input_tokens=words(text) - 2,
               output_tokens=3, cache_read=2)
+
+
+@pytest.mark.parametrize(
+    ("model", "path"),
+    [
+        ("gemini-2.0-flash-001", "/v1beta/models/gemini-2.0-flash-001:streamGenerateContent"),
+        ("a/../../admin", "/v1beta/models/a%2F..%2F..%2Fadmin:streamGenerateContent"),
+        ("a?key=x#frag", "/v1beta/models/a%3Fkey%3Dx%23frag:streamGenerateContent"),
+        ("..", "/v1beta/models/..:streamGenerateContent"),
+    ],
+)
+def test_a_model_name_is_escaped_whole_into_the_upstream_url(model, path):
+    from channels_pool.selection import ChannelInfo
+    from hopbase.protocols import GEMINI
+
+    channel = ChannelInfo(id=1, name="g", protocol="gemini", base_url="https://gemini.test/prefix", secret="k",
+                          models=frozenset(), priority=0, weight=1, max_concurrency=None)
+    route = {"version": "v1beta", "model": model, "action": "streamGenerateContent"}
+    facts = GEMINI.parse({"contents": []}, b'{"contents": []}', route)
+    url = httpx.URL(GEMINI.upstream_request(channel, facts, {}).url)
+    assert (url.host, url.raw_path.decode()) == ("gemini.test", "/prefix" + path + "?alt=sse")
+    assert url.fragment == "" and url.params == httpx.QueryParams({"alt": "sse"})

@@ -128,8 +128,9 @@ def test_it_never_shows_another_tenants_rows(gateway, cast):
 def test_it_takes_the_key_from_every_header_the_sdks_use(gateway, cast):
     for header in ("x-api-key", "x-goog-api-key"):
         assert get(gateway, cast.alice_key, header=header).json()["tenant"] == cast.alice.name
+    # Not from the query: ?key= is Gemini's alone, and a key in a URL ends up in logs.
     response = httpx.get(gateway.url + "/v1/usage", params={"key": cast.alice_key}, timeout=10)
-    assert response.json()["tenant"] == cast.alice.name
+    assert response.status_code == 401
 
 
 def test_it_pages_with_a_cursor(gateway, cast):

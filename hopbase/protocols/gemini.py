@@ -8,6 +8,7 @@ JSON-array stream form (no ``alt=sse``) get the same chunks framed as an array.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
@@ -182,7 +183,10 @@ class Gemini(Api):
 
     def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
         version = facts.route["version"]
-        url = f"{channel.base_url.rstrip('/')}/{version}/models/{facts.model}:streamGenerateContent?alt=sse"
+        # The model name is the client's text: escaped whole, so that no `?`,
+        # `#`, `/` or `..` in it can change the URL (query, fragment, path).
+        model = quote(facts.model, safe="")
+        url = f"{channel.base_url.rstrip('/')}/{version}/models/{model}:streamGenerateContent?alt=sse"
         headers = {
             "x-goog-api-key": channel.secret,
             "content-type": "application/json",

@@ -7,7 +7,6 @@ date (midnight UTC) or datetime (UTC when it carries no offset).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
 
 from django.core.management.base import CommandError
@@ -16,20 +15,9 @@ from django.db.models import QuerySet
 
 from billing.exports import ENCODERS, Row, export_queryset, export_rows
 from billing.models import RequestLog
-from core.commands import OperatorCommand, find_tenant
+from core.commands import OperatorCommand, find_tenant, parse_moment
 
 Encoder = Callable[[Iterable[Row]], Iterator[str]]
-
-
-def parse_moment(text: str, what: str) -> dt.datetime:
-    raw = text.strip()
-    try:
-        moment = dt.datetime.fromisoformat(raw)
-    except ValueError:
-        raise CommandError(f"{what}: {raw!r} is not an ISO 8601 date or datetime") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
-    return moment
 
 
 class Command(OperatorCommand):
