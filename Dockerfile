@@ -12,12 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 
-# Dependencies first, so that a code change does not reinstall them. The lock
-# file is copied when it exists (the bracket makes it optional); to install
-# from it, the one line to change is the RUN below, to:
-#   RUN pip install --require-hashes -r requirements.lock
-COPY requirements.txt requirements.loc[k] ./
-RUN pip install -r requirements.txt
+# Dependencies first, so that a code change does not reinstall them; from the
+# hash-pinned lock (bin/lock makes it), so a substituted package fails.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
 
 COPY . .
 

@@ -197,7 +197,6 @@ class Relay:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)
             self.board.failed(channel.id, outcome.kind)
-        run.channel = None
         run.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
 
