@@ -157,12 +157,17 @@ class Recorder:
         database cannot take them yet."""
         try:
             refresh_connection()
-            self._insert([to_row(item) for item in items])
+            try:
+                self._insert([to_row(item) for item in items])
+            except (OperationalError, InterfaceError):
+                raise
+            except Exception:
+                # One bad row (its channel gone, a value out of range) must
+                # not hold up the others, nor every later replay.
+                self._insert_one_by_one(items)
         except (OperationalError, InterfaceError):
             connections.close_all()
             return False
-        except IntegrityError:
-            self._insert_one_by_one(items)
         return True
 
     def _start(self) -> None:
@@ -178,9 +183,12 @@ class Recorder:
             first = self._queue.get()
             stopping = first is _STOP
             batch = [first] if isinstance(first, Finished) else []
+            # A deadline for the batch, not a gap between arrivals: under
+            # steady traffic the first record would otherwise wait for 500.
+            deadline = time.monotonic() + settings.HOPBASE_LOG_FLUSH_INTERVAL
             while batch and len(batch) < self.BATCH:
                 try:
-                    item = self._queue.get(timeout=settings.HOPBASE_LOG_FLUSH_INTERVAL)
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if item is _STOP:
@@ -210,10 +218,15 @@ class Recorder:
         while True:
             try:
                 refresh_connection()
-                self._insert([to_row(item) for item in batch])
-                break
-            except IntegrityError:
-                self._insert_one_by_one(batch)
+                try:
+                    self._insert([to_row(item) for item in batch])
+                except (OperationalError, InterfaceError):
+                    raise
+                except Exception:
+                    log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
+                    # Rows written before an outage here are written again
+                    # (ignored: request_id is unique) when the batch is retried.
+                    self._insert_one_by_one(batch)
                 break
             except (OperationalError, InterfaceError):
                 # The records are safe in the spool; keep trying, never more
@@ -224,10 +237,6 @@ class Recorder:
                 connections.close_all()
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY)
-            except Exception:
-                log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
-                self._insert_one_by_one(batch)
-                break
         self.spool.committed([item.request_id for item in batch])
         for item in batch:
             try:
@@ -257,6 +266,8 @@ class Recorder:
                     # Most likely its channel was deleted in the meantime.
                     row.channel_id = None
                     self._insert([row])
+            except (OperationalError, InterfaceError):
+                raise  # the database, not the row: retried with the batch
             except Exception:
                 log.exception("request log lost: %r", item)
 

@@ -118,6 +118,8 @@ class Spool:
         if os.getpid() != self._pid:
             # A forked child (manage.py serve's workers) must not share its
             # parent's files or locks.
+            if self._pid:  # a fork: the parent's streams are the parent's to journal
+                self._in_flight = {}
             self._segments, self._home, self._pid, self._size = [], {}, os.getpid(), 0
         if not self._segments:
             self._open_segment()
@@ -128,8 +130,12 @@ class Spool:
         self._count += 1
         # A random part: a later process may be given a dead one's pid.
         path = self.directory / f"{self._pid}-{secrets.token_hex(4)}-{self._count}{SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Locked before it has its name: a replayer must never see an
+        # unlocked segment of a living process (and delete it as dead).
+        creating = path.with_suffix(".creating")
+        fd = os.open(creating, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(creating, path)
         self._segments.append(Segment(path, fd))
 
     def _rotate(self) -> None:
@@ -172,20 +178,28 @@ def _delete(segment: Segment) -> None:
 
 
 def read_segment(path: Path) -> list[Finished]:
-    """What a dead process's segment says: each request's final record, or
-    else its last progress as an ``interrupted`` request. A torn last line
-    (the process died while writing it) is skipped."""
+    return read_segments([path])
+
+
+def read_segments(paths: list[Path]) -> list[Finished]:
+    """What a dead process's segments say, read together: each request's
+    final record from whichever segment holds it, or else its latest
+    progress as an ``interrupted`` request (``failed`` if it never delivered
+    content). A torn line (the process died while writing it) is skipped."""
     finals: dict[str, Finished] = {}
     latest: dict[str, Finished] = {}
-    for line in path.read_bytes().splitlines():
-        try:
-            item = Finished.from_json(orjson.loads(line[1:]))
-        except (ValueError, TypeError, KeyError):
-            continue
-        if line[:1] == FINAL:
-            finals[item.request_id] = item
-        elif line[:1] == PROGRESS:
-            latest[item.request_id] = item
+    for path in paths:
+        for line in path.read_bytes().splitlines():
+            try:
+                item = Finished.from_json(orjson.loads(line[1:]))
+            except (ValueError, TypeError, KeyError):
+                continue
+            if line[:1] == FINAL:
+                finals[item.request_id] = item
+            elif line[:1] == PROGRESS:
+                known = latest.get(item.request_id)
+                if known is None or item.duration_ms >= known.duration_ms:
+                    latest[item.request_id] = item
     for request_id, item in latest.items():
         if request_id not in finals:
             item.status = RequestStatus.INTERRUPTED if item.ttft_ms is not None else RequestStatus.FAILED
@@ -196,26 +210,32 @@ def read_segment(path: Path) -> list[Finished]:
 
 def replay_dead(directory: Path, write: Callable[[list[Finished]], bool]) -> int:
     """Write the records of dead processes' segments to the database and
-    delete those segments; returns how many records were written. A segment
-    whose write fails stays for the next try."""
-    written = 0
-    for path in sorted(directory.glob("*" + SUFFIX)) if directory.is_dir() else ():
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
+    delete those segments; returns how many records were written. All dead
+    segments are read together, so that a final record in one always beats
+    progress in another; if the write fails they all stay for the next try."""
+    locked: list[tuple[Path, int]] = []
+    try:
+        for path in sorted(directory.glob("*" + SUFFIX)) if directory.is_dir() else ():
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                continue  # its process lives
-            items = read_segment(path)
-            if items and not write(items):
+                os.close(fd)  # its process lives
                 continue
+            locked.append((path, fd))
+        if not locked:
+            return 0
+        items = read_segments([path for path, _ in locked])
+        if items and not write(items):
+            return 0
+        for path, _ in locked:
             path.unlink(missing_ok=True)
-            written += len(items)
-            if items:
-                log.warning("replayed %d request records left by a dead gateway process (%s)", len(items), path.name)
-        finally:
+        if items:
+            log.warning("replayed %d request records left by dead gateway processes (%d files)", len(items), len(locked))
+        return len(items)
+    finally:
+        for _, fd in locked:
             os.close(fd)
-    return written

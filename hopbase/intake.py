@@ -198,9 +198,12 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
     model = (route or {}).get("model", "")
     try:
         if gateway.recorder.spool.full:
-            # Nothing may be served that could not be recorded (D2).
+            # Nothing may be served that could not be recorded (D2); and the
+            # refusal itself is counted, not recorded: recording it would
+            # grow the spool it is refused for, without bound.
             refusals_total.labels("spool_full").inc()
-            raise GatewayError(ErrorKind.UNAVAILABLE, SPOOL_FULL_MESSAGE, retry_after=SPOOL_FULL_RETRY_AFTER)
+            full = GatewayError(ErrorKind.UNAVAILABLE, SPOOL_FULL_MESSAGE, retry_after=SPOOL_FULL_RETRY_AFTER)
+            return error_response(call.api, full)
         body, raw = read_json(call.request, call.headers)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             model = body["model"]

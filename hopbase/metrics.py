@@ -110,10 +110,18 @@ def read_state() -> dict[str, Any]:
 
 def spool_bytes() -> int:
     directory = settings.HOPBASE_SPOOL_DIR
+    total = 0
     try:
-        return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.name.endswith(".spool"))
-    except FileNotFoundError:
+        entries = list(os.scandir(directory))
+    except OSError:
         return 0
+    for entry in entries:
+        try:
+            if entry.name.endswith(".spool"):
+                total += entry.stat().st_size
+        except OSError:
+            pass  # deleted meanwhile (written to the database, or replayed)
+    return total
 
 
 class StateCollector:

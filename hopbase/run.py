@@ -317,9 +317,16 @@ class Run:
         if self.status is not None:
             return
         self.status = status
-        self.resources.close()
-        if self.streaming:
-            self.relay.meter.stream_closed()
+        # Whatever fails on the way out, the request is still recorded.
+        try:
+            self.resources.close()
+            if self.streaming:
+                self.relay.meter.stream_closed()
+            self._report(status)
+        finally:
+            self.relay.recorder.record(self._record(status))
+
+    def _report(self, status: RequestStatus) -> None:
         relay, channel, watcher = self.relay, self.channel, self.watcher
         if self.committed and channel is not None and status in (Status.STALLED, Status.INTERRUPTED, Status.FAILED):
             # A channel committed to (M1) that then let the request down; a
@@ -330,7 +337,6 @@ class Run:
             # Whatever the ending: state a stream began (a response id, sent
             # in its first events) is this tenant's, and on this channel.
             relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
-        relay.recorder.record(self._record(status))
 
     def _in_flight(self) -> Finished:
         """What is known of the stream so far, as a record its process's

@@ -137,3 +137,23 @@ def test_the_spool_says_when_it_is_full(tmp_path):
     assert spool.size >= 2000
     spool.committed([])
     assert spool.full  # nothing committed: still full
+
+
+def test_a_final_in_one_dead_segment_beats_progress_in_another_whatever_their_order(tmp_path):
+    """A stream journalled in an older segment and finished in a newer one
+    is replayed as it ended, not as interrupted (whichever file sorts first)."""
+    done = record("req_x", output=500)
+    (tmp_path / "1-aaaa-1.spool").write_bytes(b"P" + record("req_x", RequestStatus.INTERRUPTED, output=10).to_json() + b"\n")
+    (tmp_path / "1-0000-2.spool").write_bytes(b"F" + done.to_json() + b"\n")
+    written: list[Finished] = []
+    assert replay_dead(tmp_path, lambda items: written.extend(items) or True) == 1
+    assert written == [done]
+    assert files(tmp_path) == []
+
+
+def test_a_new_segment_is_never_seen_unlocked(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1)
+    for n in range(5):
+        spool.final(record(f"req_{n}"))
+        assert replay_dead(tmp_path, lambda items: True) == 0  # every segment is its living process's
+    assert not list(tmp_path.glob("*.creating"))
