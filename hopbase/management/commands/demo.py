@@ -62,8 +62,9 @@ faults quickly, start with short timers, e.g.
 
 Operators: create a login, then open {gateway}/admin/ (tenants, keys,
 channels and their health, prices, request logs, the ledger) and the
-dashboard at {gateway}/admin/dashboard/:
-    .venv/bin/python manage.py createsuperuser
+dashboard at {gateway}/admin/dashboard/ (bin/demo keeps its SECRET_KEY in
+var/demo-secret-key; commands need it too):
+    SECRET_KEY=$(cat var/demo-secret-key) .venv/bin/python manage.py createsuperuser
 Metrics: {gateway}/metrics   Readiness: {gateway}/readyz
 """
 
