@@ -217,7 +217,7 @@ class RedisCounters:
         return taken
 
     def _give_back_if_taken(self, done: asyncio.Future, name: str, lease: str) -> None:
-        if not done.cancelled() and done.exception() is None and done.result():
+        if not done.cancelled() and (done.exception() is not None or done.result()):  # taken, or maybe taken
             self._release(name, lease)
 
     def let_through(self, name: str) -> None:

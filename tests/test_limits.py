@@ -302,6 +302,29 @@ def test_a_take_whose_answer_came_too_late_leaves_no_lease_behind() -> None:
     assert asyncio.run(scenario()) is False
 
 
+def test_a_take_left_by_its_caller_and_answered_too_late_leaves_no_lease_behind() -> None:
+    limits = Limits(RedisCounters(REDIS_FOR_TESTS))
+    key = uuid.uuid4().int % 10**9
+    busy = redis.Redis.from_url(REDIS_FOR_TESTS)
+
+    async def scenario() -> None:
+        assert await limits.admit_key(key, None, 5)  # connected
+        limits.release_key(key)
+        blocker = asyncio.get_running_loop().run_in_executor(None, lambda: busy.eval(BUSY_FOR, 0, 400_000))
+        await asyncio.sleep(0.05)
+        taking = asyncio.create_task(limits.admit_key(key, None, 5))
+        await asyncio.sleep(0.02)
+        taking.cancel()  # the client left while the take was on its way
+        await blocker
+        dependencies.redis.reset()
+        deadline = time.monotonic() + 5
+        while slot_count(f"key:{key}"):
+            assert time.monotonic() < deadline, "the late lease was never removed"
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+
+
 def test_a_crashed_holders_slots_lapse(monkeypatch) -> None:
     monkeypatch.setattr(limits_module, "LEASE_SECONDS", 0.3)
     name = f"test:{uuid.uuid4().hex}"
