@@ -15,7 +15,6 @@ any channel may try (the provider answers whether it knows the id).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import pickle
 import queue
@@ -29,7 +28,7 @@ from redis.exceptions import RedisError
 
 from channels_pool.provider_state import StateOwners
 from channels_pool.provider_state import owners as state_owners
-from core.dependencies import async_redis, sync_redis
+from core.dependencies import LoopRedis, sync_redis
 from core.dependencies import redis as redis_dependency
 
 log = logging.getLogger("hopbase.affinity")
@@ -75,7 +74,7 @@ class Affinity:
         self._writes: queue.Queue[tuple[str, int, int]] = queue.Queue(MAX_QUEUED_WRITES)
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self._clients: dict[int, Any] = {}
+        self._redis = LoopRedis()
         self.dropped = 0  # writes dropped because the queue was full
         self._last_drop_warning = 0.0
 
@@ -155,29 +154,10 @@ class Affinity:
         return held[1]
 
     async def _shared(self, state_id: str) -> tuple[int, int] | None:
-        if not redis_dependency.attempt():
-            return None
-        try:
-            raw, legacy = await self._redis().mget(_cache_key(state_id), _legacy_key(state_id))
-        except (OSError, RedisError) as error:
-            redis_dependency.failed(error)
-            return None
-        except Exception:
-            redis_dependency.abandoned()
-            log.exception("affinity lookup failed")
-            return None
-        except BaseException:
-            redis_dependency.abandoned()
-            raise
-        redis_dependency.succeeded()
-        return _parse(raw, legacy)
-
-    def _redis(self) -> Any:
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
-            client = self._clients[loop_id] = async_redis(settings.REDIS_URL)
-        return client
+        found = await self._redis.call_or_none(
+            lambda client: client.mget(_cache_key(state_id), _legacy_key(state_id)), "affinity lookup"
+        )
+        return None if found is None else _parse(*found)
 
 
 affinity = Affinity()

@@ -17,12 +17,17 @@ milliseconds, once per pause.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
 
 log = logging.getLogger("hopbase.dependencies")
+T = TypeVar("T")
 
 
 class Dependency:
@@ -124,3 +129,50 @@ def sync_redis(url: str, timeout: float) -> Any:
     from redis.retry import Retry
 
     return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+
+
+class LoopRedis:
+    """Hot-path Redis for one purpose: a client per event loop (a client's
+    connection pool belongs to the loop it was made on), and a call through
+    the ``redis`` breaker that fails open."""
+
+    def __init__(self, url: str | None = None, timeout: float = REDIS_TIMEOUT) -> None:
+        self._url = url  # None: settings.REDIS_URL, read when first used
+        self._timeout = timeout
+        self._clients: dict[int, Any] = {}
+
+    def client(self) -> Any:
+        loop_id = id(asyncio.get_running_loop())
+        client = self._clients.get(loop_id)
+        if client is None:
+            from django.conf import settings
+
+            client = self._clients[loop_id] = async_redis(self._url or settings.REDIS_URL, self._timeout)
+        return client
+
+    def drop_idle_connections(self) -> None:
+        """After a failure: the pool's other connections likely died with it."""
+        client = self._clients.get(id(asyncio.get_running_loop()))
+        if client is not None:
+            asyncio.get_running_loop().create_task(client.connection_pool.disconnect(inuse_connections=False))
+
+    async def call_or_none(self, call: Callable[[Any], Awaitable[T]], what: str) -> T | None:
+        """``await call(client)`` through the breaker; None while Redis is
+        being left alone, or when the call fails (an unexpected error is
+        logged as ``what`` failing)."""
+        if not redis.attempt():
+            return None
+        try:
+            result = await call(self.client())
+        except (OSError, RedisError) as error:
+            redis.failed(error)
+            return None
+        except Exception:
+            redis.abandoned()
+            log.exception("%s failed", what)
+            return None
+        except BaseException:
+            redis.abandoned()
+            raise
+        redis.succeeded()
+        return result

@@ -24,8 +24,6 @@ unreachable, each process counts alone (failing open).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
 import time
 from collections import OrderedDict
@@ -33,12 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from redis.exceptions import RedisError
 
-from core.dependencies import async_redis
-from core.dependencies import redis as redis_dependency
-
-log = logging.getLogger("hopbase.auth")
+from core.dependencies import LoopRedis
 
 MAX_ADDRESSES = 10_000
 REDIS_PREFIX = "hopbase:authfail:"
@@ -55,7 +49,7 @@ class FailedAuthentications:
     def __init__(self) -> None:
         self._windows: OrderedDict[str, Window] = OrderedDict()
         self._blocked_until = 0.0  # Unix time: until then some address may be over its limit
-        self._clients: dict[int, Any] = {}
+        self._redis = LoopRedis()
 
     @staticmethod
     def _now() -> tuple[int, float]:
@@ -99,33 +93,16 @@ class FailedAuthentications:
     async def _count_shared(self, address: str, index: int, left: float) -> int | None:
         """The fleet's count for this window, this failure included; None
         when Redis cannot say (then this process counts alone)."""
-        if not redis_dependency.attempt():
-            return None
         key = f"{REDIS_PREFIX}{address}:{index}"
-        try:
-            pipe = self._redis().pipeline(transaction=False)
+
+        async def count_this_one(client: Any) -> int:
+            pipe = client.pipeline(transaction=False)
             pipe.incr(key)
             pipe.expire(key, max(1, math.ceil(left)) + 1)
             count, _ = await pipe.execute()
-        except (OSError, RedisError) as error:
-            redis_dependency.failed(error)
-            return None
-        except Exception:
-            redis_dependency.abandoned()
-            log.exception("failed-authentication count not shared")
-            return None
-        except BaseException:
-            redis_dependency.abandoned()
-            raise
-        redis_dependency.succeeded()
-        return int(count)
+            return int(count)
 
-    def _redis(self) -> Any:
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
-            client = self._clients[loop_id] = async_redis(settings.REDIS_URL)
-        return client
+        return await self._redis.call_or_none(count_this_one, "sharing the failed-authentication count")
 
     def clear(self) -> None:
         """Forget every count (tests)."""

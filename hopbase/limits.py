@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from core.dependencies import async_redis
+from core.dependencies import LoopRedis
 from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 
@@ -146,8 +146,7 @@ class RedisCounters:
     """Counts shared through Redis by every gateway process."""
 
     def __init__(self, url: str) -> None:
-        self._url = url
-        self._clients: dict[int, object] = {}
+        self._clients = LoopRedis(url)
         self._pending: set[asyncio.Task] = set()
         self._held: dict[str, Held] = {}
         self._releases: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_RELEASES)
@@ -156,11 +155,7 @@ class RedisCounters:
         self._retry_now: asyncio.Event | None = None
 
     def _redis(self):
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
-            client = self._clients[loop_id] = async_redis(self._url)
-        return client
+        return self._clients.client()
 
     async def _call(self, command):
         """One Redis call, through the breaker."""
@@ -174,7 +169,7 @@ class RedisCounters:
             # The pool's other connections likely died with this one (Redis
             # went away): drop them, rather than fail once more on each of
             # them when Redis is back, reopening the breaker every time.
-            self._drop_idle_connections()
+            self._clients.drop_idle_connections()
             raise
         except BaseException:
             redis_dependency.abandoned()
@@ -183,11 +178,6 @@ class RedisCounters:
         if self._releases:
             self._detach(self._flush_releases())
         return result
-
-    def _drop_idle_connections(self) -> None:
-        client = self._clients.get(id(asyncio.get_running_loop()))
-        if client is not None:
-            self._detach(client.connection_pool.disconnect(inuse_connections=False))
 
     def _detach(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
