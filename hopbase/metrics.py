@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Min
+from django.db.models import Count, Min
 from django.http import HttpRequest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
@@ -102,10 +102,9 @@ class Counted:
 
 def read_state() -> dict[str, Any]:
     """What the database says (one pass, on the database pool)."""
-    unsettled = RequestLog.objects.filter(settled_at__isnull=True).aggregate(oldest=Min("created_at"))
-    count = RequestLog.objects.filter(settled_at__isnull=True).count()
-    channels = list(ChannelHealth.objects.select_related("channel").values_list("channel__name", "state"))
-    return {"unsettled": count, "oldest": unsettled["oldest"], "channels": channels}
+    unsettled = RequestLog.objects.filter(settled_at__isnull=True).aggregate(count=Count("id"), oldest=Min("created_at"))
+    channels = list(ChannelHealth.objects.values_list("channel__name", "state"))
+    return {"unsettled": unsettled["count"], "oldest": unsettled["oldest"], "channels": channels}
 
 
 def spool_bytes() -> int:
