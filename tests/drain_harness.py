@@ -190,16 +190,3 @@ def wait_for_readyz(base_url: str, status: int) -> dict:
             return body
         assert time.monotonic() < deadline, f"/readyz still {code} {body}"
         time.sleep(0.02)
-
-
-def stream_errors(body: bytes) -> list[dict]:
-    """The error objects among a stream's events (Responses' closing
-    ``response.failed`` aside)."""
-    found = []
-    for event in body.replace(b"\r\n", b"\n").split(b"\n\n"):
-        for line in event.split(b"\n"):
-            if line.startswith(b"data: ") and b'"error"' in line:
-                data = json.loads(line[6:])
-                if "error" in data and data.get("type") != "response.failed":
-                    found.append(data)
-    return found

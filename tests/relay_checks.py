@@ -4,6 +4,7 @@ for in what comes back."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import httpx
@@ -39,3 +40,16 @@ def post(gateway, protocol: str, key: str, model: str, prompt: str, stream: bool
 
 def client_events(body: bytes) -> list[bytes]:
     return [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+
+
+def stream_errors(body: bytes) -> list[dict]:
+    """The error objects among a stream's events (Responses' closing
+    ``response.failed`` aside)."""
+    found = []
+    for event in client_events(body):
+        for line in event.split(b"\n"):
+            if line.startswith(b"data: ") and b'"error"' in line:
+                data = json.loads(line[6:])
+                if "error" in data and data.get("type") != "response.failed":
+                    found.append(data)
+    return found

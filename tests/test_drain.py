@@ -29,13 +29,12 @@ from tests.drain_harness import (
     send,
     start_daphne,
     stop_for_good,
-    stream_errors,
     tag_of,
     tagged,
     wait_for_exit,
     wait_for_readyz,
 )
-from tests.relay_checks import INTERRUPTED, TERMINALS
+from tests.relay_checks import INTERRUPTED, TERMINALS, stream_errors
 from tests.wire import PROTOCOLS, wait_for_records
 
 SHORT = "tokens=12 pace=0.1"  # about 1.1 s: ends well within the drain

@@ -23,6 +23,7 @@ from tests.relay_checks import (
     new_tag,
     post,
     stream,
+    stream_errors,
 )
 from tests.wire import (
     PROTOCOLS,
@@ -48,23 +49,12 @@ IN_STREAM_ERROR = {
 }
 
 
-def error_events(protocol: str, body: bytes) -> list[dict]:
-    found = []
-    for event in client_events(body):
-        for line in event.split(b"\n"):
-            if line.startswith(b"data: ") and b'"error"' in line:
-                data = json.loads(line[6:])
-                if "error" in data and data.get("type") != "response.failed":
-                    found.append(data)
-    return found
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("kind", ["overloaded", "server"])
 def test_a_provider_error_mid_stream_becomes_a_generic_error_event(gateway, world, protocol, kind):
     tag = new_tag()
     response = stream(gateway, protocol, world.key, "sim-model", f"hi [sim tag={tag} tokens=6 error_after=2 error_kind={kind}]")
-    (error,) = error_events(protocol, response.content)
+    (error,) = stream_errors(response.content)
     extract, busy, other = IN_STREAM_ERROR[protocol]
     assert extract(error) == (busy if kind == "overloaded" else other)
     assert GENERIC_ERROR in json.dumps(error)
@@ -93,7 +83,7 @@ def test_responses_mid_stream_error_ends_with_response_failed_carrying_the_upstr
 def test_a_cut_stream_gets_the_interruption_event(gateway, world, protocol):
     tag = new_tag()
     response = stream(gateway, protocol, world.key, "sim-model", f"hi [sim tag={tag} tokens=8 cut_after=3]")
-    (error,) = error_events(protocol, response.content)
+    (error,) = stream_errors(response.content)
     extract, _, other = IN_STREAM_ERROR[protocol]
     assert extract(error) == other
     assert INTERRUPTED in json.dumps(error)
@@ -107,7 +97,7 @@ def test_a_stalled_stream_is_ended_despite_keepalives(gateway, world, protocol):
     started = time.monotonic()
     response = stream(gateway, protocol, world.key, "sim-model", f"hi [sim tag={tag} tokens=8 stall_after=2]")
     elapsed = time.monotonic() - started
-    (error,) = error_events(protocol, response.content)
+    (error,) = stream_errors(response.content)
     assert STALLED in json.dumps(error)
     _, keepalives = strip_keepalives(protocol, response.content)
     assert keepalives >= 2  # 1.5 s of stall at a 0.4 s keep-alive interval
@@ -199,7 +189,7 @@ def test_a_stream_committed_by_the_hold_cap_that_never_delivers_costs_nothing(ga
     response = stream(gateway, "messages", world.key, "claude-sim", f"hi [sim tag={tag} stall_after=0]")
     assert response.status_code == 200
     assert response.content.startswith(b"event: message_start")
-    (error,) = error_events("messages", response.content)
+    (error,) = stream_errors(response.content)
     assert error["error"]["message"] == STALLED
     log = wait_for_log(response.headers["x-hopbase-request-id"])
     assert (log.status, log.input_tokens, log.output_tokens) == ("failed", 0, 0)
