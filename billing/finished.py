@@ -41,8 +41,10 @@ class Finished:
     channel_name: str = ""
 
     def to_json(self) -> bytes:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        values["usage"] = dataclasses.asdict(self.usage)
+        # Written for every request (billing.spool): plain dict copies, not
+        # dataclasses.asdict, which deep-copies field by field.
+        values = dict(vars(self))
+        values["usage"] = dict(vars(self.usage))
         values["created_at"] = self.created_at.isoformat()
         if self.price_multiplier is not None:
             values["price_multiplier"] = str(self.price_multiplier)
