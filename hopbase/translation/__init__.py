@@ -1,0 +1,1 @@
+"""Translation between client APIs and channel protocols (issue 12)."""
