@@ -9,7 +9,7 @@ error in this protocol's encoding. The relay talks only to these two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import orjson
@@ -133,6 +133,18 @@ class Api:
     upstream_streams: ClassVar[bool] = True
     # The request field that names provider state (``RequestFacts.affinity_key``), if any.
     state_field: ClassVar[str] = ""
+    # False: the model is named in the URL, not in the body (Gemini).
+    model_in_body: ClassVar[bool] = True
+
+    def with_model(self, facts: RequestFacts, model: str) -> RequestFacts:
+        """The same request for a channel that knows the model as ``model``
+        (an alias, ``public=upstream``)."""
+        if model == facts.model:
+            return facts
+        if not self.model_in_body:
+            return replace(facts, model=model, route={**facts.route, "model": model})
+        body = {**facts.body, "model": model}
+        return replace(facts, model=model, body=body, raw_body=dumps(body))
 
     def slow_start_applies(self, model: str, facts: RequestFacts) -> bool:
         """F3: Claude models without extended thinking must start within a

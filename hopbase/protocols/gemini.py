@@ -160,6 +160,7 @@ class Gemini(Api):
     keepalive = b"\n"
     watcher = GeminiWatcher
     state_field = "cachedContent"
+    model_in_body = False
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):

@@ -10,13 +10,14 @@ channel (and tenant) holds it, so a later ``generateContent`` naming it in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from core.sse import Event
 from core.usage import Usage
-from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, UpstreamRequest, prompt_text_chars
+from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
 from hopbase.protocols.gemini import Gemini, snake_or_camel
 
 
@@ -59,6 +60,12 @@ class GeminiCaches(Gemini):
             ),
             route=route,
         )
+
+    def with_model(self, facts: RequestFacts, model: str) -> RequestFacts:
+        if model == facts.model:
+            return facts
+        body = {**facts.body, "model": f"models/{model}"}
+        return replace(facts, model=model, body=body, raw_body=dumps(body))
 
     def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
         return UpstreamRequest(
