@@ -195,6 +195,30 @@ def test_it_decodes_sampling_output_format_and_reasoning():
     assert decoded(input="Hi").reasoning is None
 
 
+def test_it_takes_a_codex_request_whole():
+    conversation = decoded(
+        model="gpt-5-codex", instructions="You are Codex.", stream=True, store=False, parallel_tool_calls=False,
+        include=["reasoning.encrypted_content"], prompt_cache_key="0f6e", tool_choice="auto",
+        reasoning={"effort": "medium", "summary": "auto"}, text={"verbosity": "medium"},
+        input=[
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<env>cwd</env>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix the bug"}]},
+        ],
+        tools=[{"type": "function", "name": "shell", "description": "Runs a command", "strict": False,
+                "parameters": {"type": "object", "properties": {"command": {"type": "array"}}}},
+               {"type": "custom", "name": "apply_patch", "description": "Edit files",
+                "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}],
+    )
+
+    assert conversation.untranslatable == []
+    assert conversation.system == ["You are Codex.", "Sandbox: none."]
+    assert conversation.messages == [Message("user", [Text("<env>cwd</env>"), Text("Fix the bug")])]
+    assert [tool.name for tool in conversation.tools] == ["shell", "apply_patch"]
+    assert conversation.reasoning == Reasoning(effort=Effort.MEDIUM, summary=True)
+    assert (conversation.tool_choice, conversation.parallel_tool_calls) == (ToolChoice("auto"), False)
+
+
 def test_it_drops_fields_that_only_tune():
     conversation = decoded(input="Hi", store=False, include=["reasoning.encrypted_content"], truncation="auto",
                            metadata={"a": "b"}, prompt_cache_key="k", service_tier="flex")
@@ -319,7 +343,7 @@ def test_it_satisfies_the_strict_stream_helper():
 
     reasoning, message, call = final.output
     assert final.status == "completed"
-    assert final.output_text == "Checking now."
+    assert message.content[0].text == final.output_text == "Checking now."
     assert reasoning.summary[0].text == "Need the weather."
     assert reasoning.encrypted_content == seal(ANTHROPIC, "sig-abc")
     assert (call.type, call.call_id, call.name, call.arguments) == (
@@ -421,11 +445,13 @@ _segment = st.one_of(
     st.tuples(st.just("thinking"), st.lists(_text, max_size=3), st.sampled_from([None, ANTHROPIC,
                                                                                  WireProtocol.GEMINI])),
     st.tuples(st.just("tool"), st.sampled_from(["get_weather", "now"]), st.lists(_text, max_size=4)),
+    st.tuples(st.just("custom"), st.text(max_size=30), st.integers(0, 40)),
     st.tuples(st.just("redacted")),
 )
 
 
-def _pieces(segments: list[tuple[Any, ...]], reason: StopReason) -> tuple[list[Piece], str, list[str]]:
+def _pieces(segments: list[tuple[Any, ...]], reason: StopReason) -> tuple[list[Piece], list[str]]:
+    """The pieces, and the arguments (or freeform input) of each call."""
     pieces: list[Piece] = []
     tools: list[str] = []
     for segment in segments:
@@ -439,30 +465,41 @@ def _pieces(segments: list[tuple[Any, ...]], reason: StopReason) -> tuple[list[P
             pieces.append(ToolCallStart(len(tools), f"call_{len(tools)}", segment[1]))
             pieces += [ToolArguments(len(tools), t) for t in segment[2]]
             tools.append("".join(segment[2]))
+        elif segment[0] == "custom":
+            arguments, cut = orjson.dumps({"input": segment[1]}).decode(), segment[2]
+            pieces.append(ToolCallStart(len(tools), f"call_{len(tools)}", "apply_patch"))
+            pieces += [ToolArguments(len(tools), arguments[:cut]), ToolArguments(len(tools), arguments[cut:])]
+            tools.append(segment[1])
         else:
             pieces.append(RedactedThinking("data", ANTHROPIC))
-    text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
-    return [*pieces, Stop(reason)], text, tools
+    return [*pieces, Stop(reason)], tools
 
 
 @settings(max_examples=50, deadline=None)
 @given(segments=st.lists(_segment, max_size=6), reason=st.sampled_from(list(StopReason)),
        counts=st.tuples(*[st.integers(0, 10**6)] * 5))
 def test_any_answer_is_parsed_by_the_sdk_to_the_same_text_and_arguments(segments, reason, counts):
-    pieces, text, arguments = _pieces(segments, reason)
+    pieces, arguments = _pieces(segments, reason)
+    text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
+    thinking = "".join(p.text for p in pieces if isinstance(p, ThinkingDelta))
     usage = Usage(*counts)
     gateway = Gateway(pieces, usage)
+    tools = [WEATHER, {"type": "custom", "name": "apply_patch"}]
 
     # The helper checks the grammar on every event, completed or not.
-    with gateway.client().responses.stream(model="gpt-public", input="Hi") as stream:
+    with gateway.client().responses.stream(model="gpt-public", input="Hi", tools=tools) as stream:
         events = list(stream)
     completed = events[-1].type == "response.completed"
     response = stream.get_final_response() if completed else events[-1].response
-    body = gateway.client().responses.create(model="gpt-public", input="Hi")
+    body = gateway.client().responses.create(model="gpt-public", input="Hi", tools=tools)
 
     for answer in (response, body):
         assert answer.output_text == text
-        assert [item.arguments for item in answer.output if item.type == "function_call"] == arguments
+        calls = [item.arguments if item.type == "function_call" else item.input
+                 for item in answer.output if item.type in ("function_call", "custom_tool_call")]
+        assert calls == arguments
+        assert "".join(part.text for item in answer.output if item.type == "reasoning"
+                       for part in item.summary) == thinking
         assert answer.usage.output_tokens == usage.output_tokens
         assert answer.usage.input_tokens == usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
     assert [e.sequence_number for e in events] == list(range(len(events)))

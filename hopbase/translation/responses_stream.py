@@ -72,7 +72,7 @@ def _delta_prefix(kind: str, fields: dict[str, Any]) -> bytes:
 class _Item:
     """One output item while it is open."""
 
-    __slots__ = ("index", "item", "chunks", "prefix", "custom", "summary_open")
+    __slots__ = ("chunks", "custom", "index", "item", "prefix", "summary_open")
 
     def __init__(self, index: int, item: dict[str, Any], prefix: bytes = b"", custom: bool = False) -> None:
         self.index = index
