@@ -16,9 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+import aiohttp
 import anyio
 import httpx
 from django.conf import settings
+from httpx_aiohttp import AiohttpTransport
 
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
@@ -57,18 +59,44 @@ class Channel(Protocol):
 
 
 def new_client() -> httpx.AsyncClient:
-    """A pooled client for one event loop, with the gateway's limits."""
+    """A pooled client for one event loop, with the gateway's limits.
+
+    httpx's API over aiohttp's transport (``httpx-aiohttp``): aiohttp parses
+    HTTP in C, where httpcore and h11 spend about half the gateway's CPU per
+    relayed event in Python. The transport builds its own aiohttp session
+    from ``limits`` (it would ignore them if handed a session): at most
+    ``max_connections`` open, idle ones kept ``keepalive_expiry`` seconds,
+    a wait for a free one bounded by the ``pool`` timeout. aiohttp has no
+    write timeout; a request body is at most a few MB written to a socket
+    the kernel accepts at once."""
     limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30)
     return httpx.AsyncClient(
         # No read timeout: long silences are the relay's to judge (hold,
         # slow start, stall), not the transport's.
         timeout=httpx.Timeout(
             connect=settings.HOPBASE_CONNECT_TIMEOUT, read=None, write=30, pool=settings.HOPBASE_CAPACITY_WAIT
         ),
-        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30),
+        transport=AiohttpTransport(limits=limits, trust_env=False),
         follow_redirects=False,
         trust_env=False,
     )
+
+
+# What the transport may raise for a failed exchange: httpx's own errors, and
+# aiohttp's where httpx-aiohttp does not translate them (a malformed answer).
+TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, TimeoutError)
+
+
+def timed_out(error: BaseException) -> bool:
+    """Did the exchange fail by waiting too long (connect, pool), rather than
+    by a refused or dropped connection? httpx-aiohttp maps every aiohttp
+    connection error to ``httpx.ConnectTimeout``, so the aiohttp error it
+    came from decides; httpx's own transports raise what they mean."""
+    cause = error.__cause__ if isinstance(error, httpx.HTTPError) else None
+    if isinstance(cause, aiohttp.ClientError | TimeoutError):
+        return isinstance(cause, TimeoutError)
+    return isinstance(error, httpx.TimeoutException | TimeoutError)
 
 
 def retry_after_seconds(headers: httpx.Headers) -> int | None:
@@ -141,11 +169,8 @@ class Attempt:
         request = http.build_request("POST", url, headers={**headers, "accept-encoding": "identity"}, content=content)
         try:
             response = await http.send(request, stream=True)
-        except httpx.TimeoutException:
-            put(UpstreamFailure("timeout"))
-            return
-        except httpx.HTTPError:
-            put(UpstreamFailure("connect"))
+        except TRANSPORT_ERRORS as error:
+            put(UpstreamFailure("timeout" if timed_out(error) else "connect"))
             return
         try:
             self.status = response.status_code
@@ -165,7 +190,9 @@ class Attempt:
                         self._room = asyncio.get_running_loop().create_future()
                         await self._room
             put(Signal.END)
-        except httpx.HTTPError:
+        except TRANSPORT_ERRORS:
+            # A reset mid-stream may reach here as any of them (httpx-aiohttp
+            # calls a dropped connection a ConnectTimeout): all are a cut.
             put(UpstreamFailure("cut", self.status))
         finally:
             await response.aclose()

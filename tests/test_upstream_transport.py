@@ -1,0 +1,211 @@
+"""The gateway's real HTTP client (channels_pool.upstream.new_client: httpx
+over aiohttp) against a plain socket server: a cut mid-stream is still an
+interruption, a hang-up closes the upstream connection at once, connections
+go back to the pool, and the pool's limit holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from channels_pool.upstream import Attempt, Signal, new_client
+from core.errors import UpstreamFailure, failure_from_status
+from core.sse import Event
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Server:
+    """Answers each request with ``answer(writer)``; counts connections and
+    notes when each one is closed by the client."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests = 0
+        self.closed: list[float] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                if not await self.answer(reader, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.closed.append(time.monotonic())
+            writer.close()
+
+
+async def whole_stream(reader, writer) -> bool:
+    writer.write(HEAD + chunk(EVENT) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+async def cut_after_one_event(reader, writer) -> bool:
+    writer.write(HEAD + chunk(EVENT))
+    await writer.drain()
+    return False  # the connection is dropped mid-stream
+
+
+async def one_event_then_silence(reader, writer) -> bool:
+    writer.write(HEAD + chunk(EVENT))
+    await writer.drain()
+    await reader.read()  # until the gateway hangs up
+    return False
+
+
+def start(http, url: str) -> Attempt:
+    channel = type("Channel", (), {"id": 1, "name": "local"})()
+    return Attempt(http, channel, url + "/chat/completions", {}, b"{}",
+                   lambda status, body, retry: failure_from_status(status, retry_after=retry))
+
+
+async def read_all(attempt: Attempt) -> list:
+    items = []
+    while True:
+        item = await attempt.next(5)
+        items.append(item)
+        if item is Signal.END or isinstance(item, UpstreamFailure) or item is Signal.TIMEOUT:
+            return items
+
+
+def test_it_reads_a_stream_and_returns_the_connection_to_the_pool():
+    async def scenario():
+        server = Server(whole_stream)
+        url = await server.start()
+        http = new_client()
+        for _ in range(3):
+            attempt = start(http, url)
+            items = await read_all(attempt)
+            assert items[0] is Signal.OPENED and items[-1] is Signal.END
+            assert [item.raw for item in items if isinstance(item, Event)] == [EVENT, b"data: [DONE]\n\n"]
+            attempt.completed = True
+            await attempt._task
+            attempt.end()
+        await http.aclose()
+        return server
+
+    server = asyncio.run(scenario())
+    assert server.requests == 3
+    assert server.connections == 1  # one kept-alive connection served all three
+
+
+def test_a_cut_mid_stream_is_an_interruption():
+    async def scenario():
+        server = Server(cut_after_one_event)
+        url = await server.start()
+        http = new_client()
+        items = await read_all(start(http, url))
+        await http.aclose()
+        return items
+
+    items = asyncio.run(scenario())
+    assert items[0] is Signal.OPENED
+    assert isinstance(items[1], Event)
+    assert isinstance(items[-1], UpstreamFailure) and items[-1].kind == "cut"
+
+
+def test_a_hang_up_closes_the_upstream_connection_at_once():
+    async def scenario():
+        server = Server(one_event_then_silence)
+        url = await server.start()
+        http = new_client()
+        attempt = start(http, url)
+        assert await attempt.next(5) is Signal.OPENED
+        assert isinstance(await attempt.next(5), Event)
+        hung_up = time.monotonic()
+        attempt.end()  # not completed: the client went away
+        for _ in range(100):
+            if server.closed:
+                break
+            await asyncio.sleep(0.01)
+        await http.aclose()
+        return server.closed[0] - hung_up if server.closed else None
+
+    delay = asyncio.run(scenario())
+    assert delay is not None and delay < 0.5
+
+
+def test_a_refused_connection_is_a_connect_failure():
+    async def scenario():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        http = new_client()
+        items = await read_all(start(http, f"http://127.0.0.1:{port}/v1"))
+        await http.aclose()
+        return items
+
+    items = asyncio.run(scenario())
+    assert isinstance(items[-1], UpstreamFailure) and items[-1].kind == "connect"
+
+
+def test_the_pool_limit_holds_and_a_wait_for_a_connection_times_out(settings):
+    settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS = 2
+    settings.HOPBASE_CAPACITY_WAIT = 0.3
+
+    async def scenario():
+        server = Server(one_event_then_silence)
+        url = await server.start()
+        http = new_client()
+        held = [start(http, url) for _ in range(2)]
+        for attempt in held:
+            assert await attempt.next(5) is Signal.OPENED
+        third = await read_all(start(http, url))
+        connections = server.connections
+        for attempt in held:
+            attempt.end()
+        await asyncio.sleep(0.05)
+        fourth = start(http, url)  # a slot is free again
+        opened = await fourth.next(5)
+        fourth.end()
+        await http.aclose()
+        return connections, third, opened
+
+    connections, third, opened = asyncio.run(scenario())
+    assert connections == 2
+    assert isinstance(third[-1], UpstreamFailure) and third[-1].kind == "timeout"
+    assert opened is Signal.OPENED
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_an_error_answer_is_classified_with_its_body(status):
+    body = b'{"error": {"message": "no"}}'
+
+    async def answer(reader, writer) -> bool:
+        writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (status, len(body), body))
+        await writer.drain()
+        return True
+
+    async def scenario():
+        server = Server(answer)
+        url = await server.start()
+        http = new_client()
+        items = await read_all(start(http, url))
+        await http.aclose()
+        return items
+
+    items = asyncio.run(scenario())
+    assert isinstance(items[-1], UpstreamFailure) and items[-1].status == status
