@@ -395,6 +395,16 @@ def test_it_starts_a_call_when_its_name_appears_and_makes_up_a_missing_id():
     assert ChatReader().read(Event(chunk({"tool_calls": [{"index": 0, "function": {"name": "f"}}]})))[0] != start
 
 
+def test_it_tells_calls_apart_by_id_when_a_compatible_server_leaves_out_the_index():
+    pieces = read_all(ChatReader(), [
+        chunk({"tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{"}}]}),
+        chunk({"tool_calls": [{"function": {"arguments": "}"}}]}),
+        chunk({"tool_calls": [{"id": "b", "function": {"name": "g", "arguments": "{}"}}]}),
+    ])
+    assert pieces == [ToolCallStart(0, "a", "f"), ToolArguments(0, "{"), ToolArguments(0, "}"),
+                      ToolCallStart(1, "b", "g"), ToolArguments(1, "{}")]
+
+
 # -- ChatWriter: pieces -> what the openai SDK parses ------------------------------------------
 
 TOOL_PIECES: list[Piece] = [

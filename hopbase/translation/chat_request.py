@@ -109,7 +109,8 @@ def read_messages(messages: list[Any], conversation: Conversation) -> None:
         content = message.get("content")
         if role in ("system", "developer"):
             text = "".join(p.text for p in content_parts(content, i, conversation) if isinstance(p, Text))
-            conversation.system.append(text)
+            if text:
+                conversation.system.append(text)
         elif role == "user":
             out.append(Message("user", content_parts(content, i, conversation)))
         elif role == "assistant":

@@ -87,7 +87,10 @@ class ChatReader(Reader):
             self._read_call(call, pieces)
 
     def _read_call(self, call: dict[str, Any], pieces: list[Piece]) -> None:
-        key = call.get("index", 0)
+        key = call.get("index")
+        if key is None:
+            # Some compatible servers leave out the index: a new id is a new call.
+            key = len(self.calls) if call.get("id") or not self.calls else len(self.calls) - 1
         state = self.calls.get(key)
         if state is None:
             state = self.calls[key] = [None, None, []]
