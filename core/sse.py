@@ -9,51 +9,83 @@ only between whole events.
 
 from __future__ import annotations
 
-from functools import cached_property
+import re
 
 import orjson
 
+# SSE lines end at CRLF, LF or CR, and nowhere else (str.splitlines() would
+# also split at U+2028 and friends, which JSON strings may hold as they are).
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+_UNSET = object()
+
 
 class Event:
-    """One complete SSE event: its raw bytes, and its fields parsed on demand."""
+    """One complete SSE event: its raw bytes, and its fields parsed on demand.
 
-    __slots__ = ("raw", "__dict__")
+    Every relayed event is looked at, so the fields are read from the bytes
+    once, without decoding the whole event, and the JSON is parsed from the
+    data's bytes (a replacement character for invalid UTF-8 only when the
+    bytes cannot be parsed as they are)."""
+
+    __slots__ = ("raw", "_name", "_data", "_json", "__dict__")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
+        self._data: bytes | None = None
+        self._json: object = _UNSET
 
-    @cached_property
-    def _fields(self) -> tuple[str | None, str]:
+    def _parse(self) -> bytes:
+        raw = self.raw
         name: str | None = None
-        data: list[str] = []
-        for line in self.raw.decode("utf-8", "replace").splitlines():
-            if not line or line.startswith(":"):
+        data: list[bytes] = []
+        for line in raw.split(b"\n") if b"\r" not in raw else _LINE_BREAK.split(raw):
+            if not line or line[0] == 0x3A:  # empty, or a ":" comment
                 continue
-            field, _, value = line.partition(":")
-            if value.startswith(" "):
+            field, _, value = line.partition(b":")
+            if value[:1] == b" ":
                 value = value[1:]
-            if field == "data":
+            if field == b"data":
                 data.append(value)
-            elif field == "event":
-                name = value
-        return name, "\n".join(data)
+            elif field == b"event":
+                name = value.decode("utf-8", "replace")
+        self._name = name
+        self._data = joined = data[0] if len(data) == 1 else b"\n".join(data)
+        return joined
 
     @property
     def name(self) -> str | None:
-        return self._fields[0]
+        if self._data is None:
+            self._parse()
+        return self._name
+
+    @property
+    def data_bytes(self) -> bytes:
+        """The data lines' bytes, joined by ``\\n`` (no decoding)."""
+        data = self._data
+        return self._parse() if data is None else data
 
     @property
     def data(self) -> str:
-        return self._fields[1]
+        return self.data_bytes.decode("utf-8", "replace")
 
-    @cached_property
+    @property
     def json(self) -> object:
         """The data parsed as JSON, or None when it is not JSON."""
-        data = self.data
-        if not data or data[0] not in "{[":
+        parsed = self._json
+        if parsed is _UNSET:
+            self._json = parsed = self._parse_json()
+        return parsed
+
+    def _parse_json(self) -> object:
+        data = self.data_bytes
+        if data[:1] not in (b"{", b"["):
             return None
         try:
             return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+        try:  # invalid UTF-8 inside: read as replacement characters
+            return orjson.loads(data.decode("utf-8", "replace"))
         except orjson.JSONDecodeError:
             return None
 

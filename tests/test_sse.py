@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from core.sse import EventSplitter
+from core.sse import Event, EventSplitter
 
 STREAMS = {
     "lf": b'event: a\ndata: {"x":"h\xc3\xa9llo"}\n\ndata: [DONE]\n\n',
@@ -61,3 +61,24 @@ def test_an_unfinished_event_stays_pending_until_the_stream_ends() -> None:
     (event,) = splitter.finish()
     assert event.raw == b'data: {"a"'
     assert splitter.pending == b""
+
+
+def test_it_keeps_a_line_separator_inside_json_data():
+    # U+2028 is a line break to str.splitlines(), not to SSE: the event's
+    # JSON must still parse, with the character in it.
+    event = Event('data: {"text": "a\u2028b"}\n\n'.encode())
+    assert event.json == {"text": "a\u2028b"}
+    assert event.data == '{"text": "a\u2028b"}'
+
+
+def test_it_reads_invalid_utf8_in_json_data_as_replacement_characters():
+    event = Event(b'event: x\r\ndata: {"text": "a\xffb"}\r\n\r\n')
+    assert event.name == "x"
+    assert event.json == {"text": "a\ufffdb"}
+
+
+def test_it_joins_several_data_lines_and_skips_comments():
+    event = Event(b": note\ndata: {\"a\":\ndata: 1}\n\n")
+    assert event.data_bytes == b'{"a":\n1}'
+    assert event.json == {"a": 1}
+    assert event.name is None

@@ -89,6 +89,20 @@ async def read_all(attempt: Attempt) -> list:
             return items
 
 
+def one_attempt(answer) -> list:
+    """Everything one attempt yields against a server answering ``answer``."""
+
+    async def scenario():
+        server = Server(answer)
+        url = await server.start()
+        http = new_client()
+        items = await read_all(start(http, url))
+        await http.aclose()
+        return items
+
+    return asyncio.run(scenario())
+
+
 def test_it_reads_a_stream_and_returns_the_connection_to_the_pool():
     async def scenario():
         server = Server(whole_stream)
@@ -111,15 +125,7 @@ def test_it_reads_a_stream_and_returns_the_connection_to_the_pool():
 
 
 def test_a_cut_mid_stream_is_an_interruption():
-    async def scenario():
-        server = Server(cut_after_one_event)
-        url = await server.start()
-        http = new_client()
-        items = await read_all(start(http, url))
-        await http.aclose()
-        return items
-
-    items = asyncio.run(scenario())
+    items = one_attempt(cut_after_one_event)
     assert items[0] is Signal.OPENED
     assert isinstance(items[1], Event)
     assert isinstance(items[-1], UpstreamFailure) and items[-1].kind == "cut"
@@ -199,13 +205,5 @@ def test_an_error_answer_is_classified_with_its_body(status):
         await writer.drain()
         return True
 
-    async def scenario():
-        server = Server(answer)
-        url = await server.start()
-        http = new_client()
-        items = await read_all(start(http, url))
-        await http.aclose()
-        return items
-
-    items = asyncio.run(scenario())
+    items = one_attempt(answer)
     assert isinstance(items[-1], UpstreamFailure) and items[-1].status == status

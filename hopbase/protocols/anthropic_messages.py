@@ -37,6 +37,9 @@ ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
 }
 BUSY_TYPES = {"overloaded_error", "rate_limit_error"}
 CONTENT_BLOCK_STARTS = {"tool_use", "server_tool_use", "redacted_thinking"}
+# Events that are preamble whatever their data says (the event line names
+# them, and it decides): not worth parsing.
+PLAIN_EVENTS = {"ping", "content_block_stop"}
 DEFAULT_VERSION = "2023-06-01"
 
 
@@ -53,6 +56,8 @@ class MessagesWatcher(StreamWatcher):
         self.partial_json: dict[int, list[str]] = {}
 
     def mark(self, event: Event) -> int:
+        if event.name in PLAIN_EVENTS:
+            return Mark.PREAMBLE
         data = event.json
         if not isinstance(data, dict):
             return Mark.PREAMBLE

@@ -68,7 +68,7 @@ class ChatWatcher(StreamWatcher):
         self.usage_obj: dict[str, Any] | None = None
 
     def mark(self, event: Event) -> int:
-        if event.data == "[DONE]":
+        if event.data_bytes == b"[DONE]":
             return Mark.TERMINAL
         chunk = event.json
         if not isinstance(chunk, dict):
@@ -101,10 +101,12 @@ class ChatWatcher(StreamWatcher):
         u.input_reported = u.output_reported = True
 
     def _take_choice(self, choice: dict[str, Any]) -> bool:
-        state = self.choices.setdefault(
-            choice.get("index", 0),
-            {"role": None, "content": [], "refusal": [], "reasoning": {}, "tools": {}, "finish": None},
-        )
+        index = choice.get("index", 0)
+        state = self.choices.get(index)
+        if state is None:
+            state = self.choices[index] = {
+                "role": None, "content": [], "refusal": [], "reasoning": {}, "tools": {}, "finish": None,
+            }
         if choice.get("finish_reason"):
             state["finish"] = choice["finish_reason"]
         delta = choice.get("delta") or {}
