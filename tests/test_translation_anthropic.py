@@ -80,30 +80,66 @@ def conversation(*messages: Message, **fields) -> Conversation:
 
 def test_it_decodes_the_system_prompt_as_a_string_or_as_text_blocks():
     assert decode(system="Be brief.").system == ["Be brief."]
-    blocks = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}, {"type": "text", "text": "Be kind."}]
+    blocks = [
+        {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Be kind."},
+    ]
     assert decode(system=blocks).system == ["Be brief.", "Be kind."]
+
+
+def test_it_adds_a_system_turn_in_the_conversation_to_the_system_prompt():
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+    ]
+    c = decode(system="Be brief.", messages=messages)
+    assert (c.system, c.messages) == (["Be brief.", "# Environment"], [Message("user", [Text("Hi")])])
 
 
 def test_it_decodes_text_images_tool_calls_and_tool_results():
     messages = [
-        {"role": "user", "content": [
-            {"type": "text", "text": "Look"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
-            {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
-        ]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18°C"},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
-             "content": [{"type": "text", "text": "no such city"}, {"type": "image", "source": {"type": "url", "url": "u"}}]},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Look"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18°C"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_2",
+                    "is_error": True,
+                    "content": [
+                        {"type": "text", "text": "no such city"},
+                        {"type": "image", "source": {"type": "url", "url": "u"}},
+                    ],
+                },
+            ],
+        },
     ]
     c = decode(messages=messages)
     assert c.messages == [
-        Message("user", [Text("Look"), Image(media_type="image/png", data="iVBOR"), Image(url="https://example.com/cat.jpg")]),
+        Message(
+            "user",
+            [Text("Look"), Image(media_type="image/png", data="iVBOR"), Image(url="https://example.com/cat.jpg")],
+        ),
         Message("assistant", [ToolCall("toolu_1", "get_weather", '{"city":"Paris"}')]),
-        Message("user", [ToolResult("toolu_1", [Text("18°C")]),
-                         ToolResult("toolu_2", [Text("no such city"), Image(url="u")], is_error=True)]),
+        Message(
+            "user",
+            [
+                ToolResult("toolu_1", [Text("18°C")]),
+                ToolResult("toolu_2", [Text("no such city"), Image(url="u")], is_error=True),
+            ],
+        ),
     ]
     assert c.untranslatable == []
 
@@ -138,27 +174,43 @@ def test_it_marks_content_only_anthropic_holds_as_untranslatable(block):
 
 def test_it_decodes_custom_tools_and_refuses_server_tools_elsewhere():
     c = decode(tools=[WEATHER, {**WEATHER, "name": "other", "type": "custom"}])
-    assert c.tools == [Tool("get_weather", "Weather in a city", WEATHER_SCHEMA), Tool("other", "Weather in a city", WEATHER_SCHEMA)]
-    for server_tool in ({"type": "web_search_20250305", "name": "web_search"}, {"type": "bash_20250124", "name": "bash"},
-                        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}):
+    assert c.tools == [
+        Tool("get_weather", "Weather in a city", WEATHER_SCHEMA),
+        Tool("other", "Weather in a city", WEATHER_SCHEMA),
+    ]
+    for server_tool in (
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+    ):
         assert decode(tools=[WEATHER, server_tool]).untranslatable == ["tools"]
 
 
-@pytest.mark.parametrize(("choice", "expected", "parallel"), [
-    ({"type": "auto"}, ToolChoice("auto"), None),
-    ({"type": "any"}, ToolChoice("required"), None),
-    ({"type": "tool", "name": "get_weather"}, ToolChoice("tool", "get_weather"), None),
-    ({"type": "none"}, ToolChoice("none"), None),
-    ({"type": "auto", "disable_parallel_tool_use": True}, ToolChoice("auto"), False),
-])
+@pytest.mark.parametrize(
+    ("choice", "expected", "parallel"),
+    [
+        ({"type": "auto"}, ToolChoice("auto"), None),
+        ({"type": "any"}, ToolChoice("required"), None),
+        ({"type": "tool", "name": "get_weather"}, ToolChoice("tool", "get_weather"), None),
+        ({"type": "none"}, ToolChoice("none"), None),
+        ({"type": "auto", "disable_parallel_tool_use": True}, ToolChoice("auto"), False),
+    ],
+)
 def test_it_decodes_tool_choice(choice, expected, parallel):
     c = decode(tools=[WEATHER], tool_choice=choice)
     assert (c.tool_choice, c.parallel_tool_calls) == (expected, parallel)
 
 
 def test_it_decodes_sampling_limits_and_stops_and_drops_top_k():
-    c = decode(max_tokens=300, temperature=0.2, top_p=0.9, top_k=40, stop_sequences=["END", "STOP"],
-               metadata={"user_id": "user-42"}, service_tier="auto")
+    c = decode(
+        max_tokens=300,
+        temperature=0.2,
+        top_p=0.9,
+        top_k=40,
+        stop_sequences=["END", "STOP"],
+        metadata={"user_id": "user-42"},
+        service_tier="auto",
+    )
     assert (c.max_tokens, c.temperature, c.top_p, c.stop, c.user) == (300, 0.2, 0.9, ["END", "STOP"], "user-42")
     assert c.untranslatable == []
     with pytest.raises(GatewayError) as bad:
@@ -166,13 +218,16 @@ def test_it_decodes_sampling_limits_and_stops_and_drops_top_k():
     assert (bad.value.kind, bad.value.param) == (ErrorKind.MALFORMED, "temperature")
 
 
-@pytest.mark.parametrize(("thinking", "config", "expected"), [
-    ({"type": "enabled", "budget_tokens": 4000}, None, Reasoning(budget_tokens=4000)),
-    ({"type": "disabled"}, None, Reasoning(enabled=False)),
-    ({"type": "adaptive"}, None, Reasoning()),
-    ({"type": "adaptive", "display": "omitted"}, {"effort": "low"}, Reasoning(effort=Effort.LOW, summary=False)),
-    ({"type": "adaptive"}, {"effort": "max"}, Reasoning(effort=Effort.HIGH)),
-])
+@pytest.mark.parametrize(
+    ("thinking", "config", "expected"),
+    [
+        ({"type": "enabled", "budget_tokens": 4000}, None, Reasoning(budget_tokens=4000)),
+        ({"type": "disabled"}, None, Reasoning(enabled=False)),
+        ({"type": "adaptive"}, None, Reasoning()),
+        ({"type": "adaptive", "display": "omitted"}, {"effort": "low"}, Reasoning(effort=Effort.LOW, summary=False)),
+        ({"type": "adaptive"}, {"effort": "max"}, Reasoning(effort=Effort.HIGH)),
+    ],
+)
 def test_it_decodes_thinking_settings(thinking, config, expected):
     body = {"thinking": thinking} if config is None else {"thinking": thinking, "output_config": config}
     assert decode(**body).reasoning == expected
@@ -188,13 +243,15 @@ def test_it_decodes_structured_output_in_its_current_and_beta_fields():
 
 @pytest.mark.parametrize("field", ["mcp_servers", "container"])
 def test_it_marks_anthropic_hosted_features_as_untranslatable(field):
-    value = [{"type": "url", "url": "https://mcp.example.com", "name": "x"}] if field == "mcp_servers" else "container_1"
+    value = (
+        [{"type": "url", "url": "https://mcp.example.com", "name": "x"}] if field == "mcp_servers" else "container_1"
+    )
     assert decode(**{field: value}).untranslatable == [field]
 
 
 def test_it_refuses_a_message_it_cannot_read():
     with pytest.raises(GatewayError) as bad:
-        decode(messages=[{"role": "system", "content": "Hi"}])
+        decode(messages=[{"role": "tool", "content": "Hi"}])
     assert (bad.value.kind, bad.value.param) == (ErrorKind.MALFORMED, "messages.0")
     with pytest.raises(GatewayError):
         decode(messages=[{"role": "user", "content": 7}])
@@ -205,8 +262,13 @@ def test_it_refuses_a_message_it_cannot_read():
 
 def test_it_encodes_a_streaming_request_with_max_tokens_always_set():
     body = encode(conversation(system=["Be brief.", "Be kind."]))
-    assert body == {"model": "claude-upstream", "stream": True, "max_tokens": 8192, "system": "Be brief.\n\nBe kind.",
-                    "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}
+    assert body == {
+        "model": "claude-upstream",
+        "stream": True,
+        "max_tokens": 8192,
+        "system": "Be brief.\n\nBe kind.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+    }
     assert encode(conversation(max_tokens=100))["max_tokens"] == 100
 
 
@@ -220,25 +282,39 @@ def test_it_merges_turns_of_one_role_and_puts_tool_results_first():
     )
     assert encode(c)["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": "Checking."},
-            # Anthropic's ids allow only [a-zA-Z0-9_-]: the same id made safe on both sides.
-            {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}},
-            {"type": "tool_use", "id": "call_2", "name": "get_weather", "input": {}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "18°C"}]},
-            {"type": "tool_result", "tool_use_id": "call_2", "is_error": True},
-            {"type": "text", "text": "and quickly"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking."},
+                # Anthropic's ids allow only [a-zA-Z0-9_-]: the same id made safe on both sides.
+                {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "call_2", "name": "get_weather", "input": {}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "18°C"}]},
+                {"type": "tool_result", "tool_use_id": "call_2", "is_error": True},
+                {"type": "text", "text": "and quickly"},
+            ],
+        },
     ]
 
 
 def test_it_sends_back_only_anthropics_own_thinking():
     c = conversation(
         Message("user", [Text("Q")]),
-        Message("assistant", [Thinking("mine", "sig-a", ANTHROPIC), Thinking(signature="red", origin=ANTHROPIC, redacted=True),
-                              Thinking("gpt's", "enc", OPENAI), Thinking("plain"), Text("A")]),
+        Message(
+            "assistant",
+            [
+                Thinking("mine", "sig-a", ANTHROPIC),
+                Thinking(signature="red", origin=ANTHROPIC, redacted=True),
+                Thinking("gpt's", "enc", OPENAI),
+                Thinking("plain"),
+                Text("A"),
+            ],
+        ),
         Message("assistant", [Thinking("gemini's", "ts", GEMINI)]),  # nothing left: no empty turn
         Message("user", [Text("Q2")]),
     )
@@ -251,8 +327,16 @@ def test_it_sends_back_only_anthropics_own_thinking():
 
 
 def test_it_encodes_images_by_url_data_url_and_inline_data():
-    c = conversation(Message("user", [Image(url="https://example.com/a.png"), Image(url="data:image/jpeg;base64,/9j/4A"),
-                                      Image(media_type="image/webp", data="UklGR")]))
+    c = conversation(
+        Message(
+            "user",
+            [
+                Image(url="https://example.com/a.png"),
+                Image(url="data:image/jpeg;base64,/9j/4A"),
+                Image(media_type="image/webp", data="UklGR"),
+            ],
+        )
+    )
     assert [b["source"] for b in encode(c)["messages"][0]["content"]] == [
         {"type": "url", "url": "https://example.com/a.png"},
         {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4A"},
@@ -260,29 +344,46 @@ def test_it_encodes_images_by_url_data_url_and_inline_data():
     ]
 
 
-@pytest.mark.parametrize(("choice", "parallel", "expected"), [
-    (None, None, None),
-    (ToolChoice("auto"), None, {"type": "auto"}),
-    (ToolChoice("required"), None, {"type": "any"}),
-    (ToolChoice("tool", "get_weather"), False, {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}),
-    (ToolChoice("none"), False, {"type": "none"}),
-    (None, False, {"type": "auto", "disable_parallel_tool_use": True}),
-])
+@pytest.mark.parametrize(
+    ("choice", "parallel", "expected"),
+    [
+        (None, None, None),
+        (ToolChoice("auto"), None, {"type": "auto"}),
+        (ToolChoice("required"), None, {"type": "any"}),
+        (
+            ToolChoice("tool", "get_weather"),
+            False,
+            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        ),
+        (ToolChoice("none"), False, {"type": "none"}),
+        (None, False, {"type": "auto", "disable_parallel_tool_use": True}),
+    ],
+)
 def test_it_encodes_tools_and_tool_choice(choice, parallel, expected):
-    body = encode(conversation(tools=[Tool("get_weather", "Weather in a city", WEATHER_SCHEMA)], tool_choice=choice,
-                               parallel_tool_calls=parallel))
+    body = encode(
+        conversation(
+            tools=[Tool("get_weather", "Weather in a city", WEATHER_SCHEMA)],
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
+        )
+    )
     assert body["tools"] == [WEATHER]
     assert body.get("tool_choice") == expected
     assert "tool_choice" not in encode(conversation(tool_choice=ToolChoice("auto")))  # no tools: no choice
 
 
 def test_it_encodes_reasoning_as_a_thinking_budget_without_sampling_settings():
-    facts = anthropic_request.encode(conversation(reasoning=Reasoning(effort=Effort.HIGH), temperature=0.5, top_p=0.9), "c")
+    facts = anthropic_request.encode(
+        conversation(reasoning=Reasoning(effort=Effort.HIGH), temperature=0.5, top_p=0.9), "c"
+    )
     assert facts.thinking and facts.body["thinking"] == {"type": "enabled", "budget_tokens": 24576}
     assert facts.body["max_tokens"] > 24576 and "temperature" not in facts.body and "top_p" not in facts.body
     assert encode(conversation(reasoning=Reasoning(budget_tokens=10)))["thinking"]["budget_tokens"] == 1024
     # The caller's cap holds; the budget fits under it.
-    assert encode(conversation(reasoning=Reasoning(budget_tokens=5000), max_tokens=3000))["thinking"]["budget_tokens"] == 2999
+    assert (
+        encode(conversation(reasoning=Reasoning(budget_tokens=5000), max_tokens=3000))["thinking"]["budget_tokens"]
+        == 2999
+    )
     assert "thinking" not in encode(conversation(reasoning=Reasoning(), max_tokens=1000))
     assert encode(conversation(reasoning=Reasoning(enabled=False)))["thinking"] == {"type": "disabled"}
 
@@ -291,16 +392,28 @@ def test_it_answers_without_thinking_where_anthropic_would_refuse_it():
     forced = conversation(tools=[Tool("get_weather")], tool_choice=ToolChoice("required"), reasoning=Reasoning())
     assert "thinking" not in encode(forced)
     # A tool loop whose last assistant turn came from another provider has no signed thinking to open with.
-    loop = [Message("user", [Text("Q")]), Message("assistant", [ToolCall("c1", "get_weather", "{}")]),
-            Message("user", [ToolResult("c1", [Text("18")])])]
+    loop = [
+        Message("user", [Text("Q")]),
+        Message("assistant", [ToolCall("c1", "get_weather", "{}")]),
+        Message("user", [ToolResult("c1", [Text("18")])]),
+    ]
     assert "thinking" not in encode(conversation(*loop, tools=[Tool("get_weather")], reasoning=Reasoning()))
     loop[1].parts.insert(0, Thinking("t", "sig", ANTHROPIC))
-    assert encode(conversation(*loop, tools=[Tool("get_weather")], reasoning=Reasoning()))["thinking"]["type"] == "enabled"
+    assert (
+        encode(conversation(*loop, tools=[Tool("get_weather")], reasoning=Reasoning()))["thinking"]["type"] == "enabled"
+    )
 
 
 def test_it_encodes_sampling_stops_output_formats_and_user():
-    body = encode(conversation(temperature=1.6, top_p=0.5, stop=["END", "  "], user="u1",
-                               output=OutputFormat(schema=WEATHER_SCHEMA, name="weather", strict=True)))
+    body = encode(
+        conversation(
+            temperature=1.6,
+            top_p=0.5,
+            stop=["END", "  "],
+            user="u1",
+            output=OutputFormat(schema=WEATHER_SCHEMA, name="weather", strict=True),
+        )
+    )
     assert body["temperature"] == 1.0 and "top_p" not in body  # Anthropic's range; recent models refuse both
     assert body["stop_sequences"] == ["END"]
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": WEATHER_SCHEMA}}
@@ -311,16 +424,31 @@ def test_it_encodes_sampling_stops_output_formats_and_user():
 
 
 def test_an_anthropic_request_survives_decode_and_encode():
-    body = {"model": "claude-public", "max_tokens": 2048, "system": "Be brief.", "stop_sequences": ["END"],
-            "tools": [WEATHER], "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
-                                                  {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                                   "input": {"city": "Paris"}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                              "content": [{"type": "text", "text": "18°C"}]}]},
-            ]}
+    body = {
+        "model": "claude-public",
+        "max_tokens": 2048,
+        "system": "Be brief.",
+        "stop_sequences": ["END"],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "t", "signature": "s"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "18°C"}]}
+                ],
+            },
+        ],
+    }
     facts = anthropic_request.encode(anthropic_request.decode(client_facts(**body)), "claude-public")
     assert facts.body == {**body, "stream": True}
 
@@ -329,8 +457,17 @@ def test_an_anthropic_request_survives_decode_and_encode():
 
 
 def simulated_events(thinking=("hmm", " so"), text=("Hi", " there"), tool=True, **usage) -> list[Event]:
-    script = Script(model="claude-upstream", thinking=thinking, text=text, tool=tool, input_tokens=usage.get("input", 20),
-                    stem="sim1", created=0, cached=usage.get("cached", 0), cache_write=usage.get("cache_write", 0))
+    script = Script(
+        model="claude-upstream",
+        thinking=thinking,
+        text=text,
+        tool=tool,
+        input_tokens=usage.get("input", 20),
+        stem="sim1",
+        created=0,
+        cached=usage.get("cached", 0),
+        cache_write=usage.get("cache_write", 0),
+    )
     return [Event(e.data) for e in AnthropicRenderer(script).events()]
 
 
@@ -341,43 +478,67 @@ def read_all(events: list[Event]) -> list:
 
 def test_the_reader_reads_thinking_text_and_a_tool_call():
     assert read_all(simulated_events()) == [
-        ThinkingDelta("hmm"), ThinkingDelta(" so"), ThinkingSignature("c2ltdWxhdGVksim1", ANTHROPIC),
-        TextDelta("Hi"), TextDelta(" there"),
+        ThinkingDelta("hmm"),
+        ThinkingDelta(" so"),
+        ThinkingSignature("c2ltdWxhdGVksim1", ANTHROPIC),
+        TextDelta("Hi"),
+        TextDelta(" there"),
         ToolCallStart(0, "toolu_sim1", "get_weather"),
-        ToolArguments(0, '{"city":'), ToolArguments(0, '"Paris",'), ToolArguments(0, '"unit":"celsius"}'),
+        ToolArguments(0, '{"city":'),
+        ToolArguments(0, '"Paris",'),
+        ToolArguments(0, '"unit":"celsius"}'),
         Stop(StopReason.TOOL_USE),
     ]
-    assert read_all(simulated_events(thinking=(), tool=False)) == [TextDelta("Hi"), TextDelta(" there"), Stop(StopReason.END)]
+    assert read_all(simulated_events(thinking=(), tool=False)) == [
+        TextDelta("Hi"),
+        TextDelta(" there"),
+        Stop(StopReason.END),
+    ]
 
 
 def sse(name: str, payload: dict) -> Event:
     return Event(b"event: " + name.encode() + b"\ndata: " + dumps({"type": name, **payload}) + b"\n\n")
 
 
-@pytest.mark.parametrize(("reason", "sequence", "expected"), [
-    ("end_turn", None, Stop(StopReason.END)),
-    ("pause_turn", None, Stop(StopReason.END)),
-    ("max_tokens", None, Stop(StopReason.LENGTH)),
-    ("tool_use", None, Stop(StopReason.TOOL_USE)),
-    ("stop_sequence", "END", Stop(StopReason.STOP_SEQUENCE, "END")),
-    ("refusal", None, Stop(StopReason.CONTENT_FILTER)),
-])
+@pytest.mark.parametrize(
+    ("reason", "sequence", "expected"),
+    [
+        ("end_turn", None, Stop(StopReason.END)),
+        ("pause_turn", None, Stop(StopReason.END)),
+        ("max_tokens", None, Stop(StopReason.LENGTH)),
+        ("tool_use", None, Stop(StopReason.TOOL_USE)),
+        ("stop_sequence", "END", Stop(StopReason.STOP_SEQUENCE, "END")),
+        ("refusal", None, Stop(StopReason.CONTENT_FILTER)),
+    ],
+)
 def test_the_reader_maps_stop_reasons(reason, sequence, expected):
-    event = sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": {"output_tokens": 3}})
+    event = sse(
+        "message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": {"output_tokens": 3}}
+    )
     assert AnthropicReader().read(event) == [expected]
 
 
 def test_the_reader_reads_redacted_thinking_and_numbers_tool_calls_in_order():
     events = [
         sse("content_block_start", {"index": 0, "content_block": {"type": "redacted_thinking", "data": "EmwK"}}),
-        sse("content_block_start", {"index": 1, "content_block": {"type": "tool_use", "id": "toolu_a", "name": "f", "input": {}}}),
+        sse(
+            "content_block_start",
+            {"index": 1, "content_block": {"type": "tool_use", "id": "toolu_a", "name": "f", "input": {}}},
+        ),
         sse("content_block_delta", {"index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
-        sse("content_block_start", {"index": 2, "content_block": {"type": "tool_use", "id": "toolu_b", "name": "g", "input": {}}}),
+        sse(
+            "content_block_start",
+            {"index": 2, "content_block": {"type": "tool_use", "id": "toolu_b", "name": "g", "input": {}}},
+        ),
         sse("content_block_delta", {"index": 2, "delta": {"type": "input_json_delta", "partial_json": "{}"}}),
         sse("ping", {}),
     ]
-    assert read_all(events) == [RedactedThinking("EmwK", ANTHROPIC), ToolCallStart(0, "toolu_a", "f"),
-                                ToolCallStart(1, "toolu_b", "g"), ToolArguments(1, "{}")]
+    assert read_all(events) == [
+        RedactedThinking("EmwK", ANTHROPIC),
+        ToolCallStart(0, "toolu_a", "f"),
+        ToolCallStart(1, "toolu_b", "g"),
+        ToolArguments(1, "{}"),
+    ]
 
 
 # -- writer: pieces as the Messages stream and body, parsed by the anthropic SDK ---------------------
@@ -402,16 +563,24 @@ def stream_bytes(w: AnthropicWriter, pieces: list, usage: Usage) -> bytes:
 
 def streamed_message(pieces: list, usage: Usage, **body):
     client = sdk_client(stream_bytes(writer(**body), pieces, usage))
-    with client.messages.stream(model="claude-public", max_tokens=512, messages=[{"role": "user", "content": "Hi"}]) as s:
+    with client.messages.stream(
+        model="claude-public", max_tokens=512, messages=[{"role": "user", "content": "Hi"}]
+    ) as s:
         events = list(s)
         return s.get_final_message(), events
 
 
 ANSWER = [
-    ThinkingDelta("Let me"), ThinkingDelta(" think."), ThinkingSignature("gAAAA-enc", OPENAI),
-    TextDelta("Checking "), TextDelta("the weather."),
-    ToolCallStart(0, "call_abc", "get_weather"), ToolArguments(0, '{"city":'), ToolArguments(0, '"Paris"}'),
-    ToolCallStart(1, "", "get_time"), ToolArguments(1, "{}"),
+    ThinkingDelta("Let me"),
+    ThinkingDelta(" think."),
+    ThinkingSignature("gAAAA-enc", OPENAI),
+    TextDelta("Checking "),
+    TextDelta("the weather."),
+    ToolCallStart(0, "call_abc", "get_weather"),
+    ToolArguments(0, '{"city":'),
+    ToolArguments(0, '"Paris"}'),
+    ToolCallStart(1, "", "get_time"),
+    ToolArguments(1, "{}"),
     Stop(StopReason.TOOL_USE),
 ]
 USAGE = Usage(input_tokens=120, cache_read_tokens=30, cache_write_tokens=7, output_tokens=55, thinking_tokens=20)
@@ -419,22 +588,39 @@ USAGE = Usage(input_tokens=120, cache_read_tokens=30, cache_write_tokens=7, outp
 
 def test_the_sdk_stream_helper_accumulates_the_written_answer():
     message, events = streamed_message(ANSWER, USAGE)
-    assert (message.id, message.model, message.stop_reason, message.stop_sequence) == ("msg_0123abcd", "claude-public", "tool_use", None)
+    assert (message.id, message.model, message.stop_reason, message.stop_sequence) == (
+        "msg_0123abcd",
+        "claude-public",
+        "tool_use",
+        None,
+    )
     thinking, text, weather, clock = message.content
-    assert (thinking.type, thinking.thinking, unseal(thinking.signature)) == ("thinking", "Let me think.", (OPENAI, "gAAAA-enc"))
+    assert (thinking.type, thinking.thinking, unseal(thinking.signature)) == (
+        "thinking",
+        "Let me think.",
+        (OPENAI, "gAAAA-enc"),
+    )
     assert (text.type, text.text) == ("text", "Checking the weather.")
     assert (weather.id, weather.name, weather.input) == ("call_abc", "get_weather", {"city": "Paris"})
     assert (clock.id, clock.name, clock.input) == ("toolu_0123abcd_1", "get_time", {})
     usage = message.usage
-    assert (usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens, usage.output_tokens) == (120, 30, 7, 55)
+    assert (
+        usage.input_tokens,
+        usage.cache_read_input_tokens,
+        usage.cache_creation_input_tokens,
+        usage.output_tokens,
+    ) == (120, 30, 7, 55)
     assert usage.output_tokens_details.thinking_tokens == 20
     assert [e.type for e in events].count("content_block_stop") == 4
 
 
 def test_the_raw_stream_is_well_formed_block_by_block():
     client = sdk_client(stream_bytes(writer(), ANSWER, USAGE))
-    events = list(client.messages.create(model="claude-public", max_tokens=512, stream=True,
-                                         messages=[{"role": "user", "content": "Hi"}]))
+    events = list(
+        client.messages.create(
+            model="claude-public", max_tokens=512, stream=True, messages=[{"role": "user", "content": "Hi"}]
+        )
+    )
     kinds = [(e.type, getattr(e, "index", None)) for e in events]
     assert kinds[0] == ("message_start", None) and kinds[-2:] == [("message_delta", None), ("message_stop", None)]
     open_block = None
@@ -453,40 +639,76 @@ def test_the_non_streaming_body_is_the_same_message():
     for piece in ANSWER:
         w.write([piece])
     client = sdk_client(w.body(USAGE), "application/json")
-    message = client.messages.create(model="claude-public", max_tokens=512, messages=[{"role": "user", "content": "Hi"}])
+    message = client.messages.create(
+        model="claude-public", max_tokens=512, messages=[{"role": "user", "content": "Hi"}]
+    )
     streamed, _ = streamed_message(ANSWER, USAGE)
     assert message.model_dump() == streamed.model_dump()
 
 
-@pytest.mark.parametrize(("stop", "reason", "sequence"), [
-    (Stop(StopReason.END), "end_turn", None),
-    (Stop(StopReason.LENGTH), "max_tokens", None),
-    (Stop(StopReason.STOP_SEQUENCE, "END"), "stop_sequence", "END"),
-    (Stop(StopReason.CONTENT_FILTER), "refusal", None),
-])
+@pytest.mark.parametrize(
+    ("stop", "reason", "sequence"),
+    [
+        (Stop(StopReason.END), "end_turn", None),
+        (Stop(StopReason.LENGTH), "max_tokens", None),
+        (Stop(StopReason.STOP_SEQUENCE, "END"), "stop_sequence", "END"),
+        (Stop(StopReason.CONTENT_FILTER), "refusal", None),
+    ],
+)
 def test_the_writer_maps_stop_reasons(stop, reason, sequence):
     message, _ = streamed_message([TextDelta("Hi"), stop], Usage(input_tokens=3, output_tokens=1))
     assert (message.stop_reason, message.stop_sequence) == (reason, sequence)
 
 
 def test_claude_code_is_told_tool_use_whenever_a_tool_was_called():
-    message, _ = streamed_message([ToolCallStart(0, "c", "f"), ToolArguments(0, '{"a":1}'), Stop(StopReason.END)], Usage())
+    message, _ = streamed_message(
+        [ToolCallStart(0, "c", "f"), ToolArguments(0, '{"a":1}'), Stop(StopReason.END)], Usage()
+    )
     assert message.stop_reason == "tool_use" and message.content[0].input == {"a": 1}
 
 
+def test_arguments_arriving_late_for_an_earlier_call_still_reach_it():
+    message, _ = streamed_message(
+        [
+            ToolCallStart(0, "a", "f"),
+            ToolArguments(0, '{"x":'),
+            ToolCallStart(1, "b", "g"),
+            ToolArguments(1, "{}"),
+            ToolArguments(0, "1}"),
+        ],
+        Usage(),
+    )
+    assert [(b.id, b.input) for b in message.content] == [("a", {"x": 1}), ("b", {})]
+
+
 def test_thinking_state_round_trips_through_the_next_request():
-    message, _ = streamed_message([ThinkingDelta("t"), ThinkingSignature("ts-1", GEMINI), TextDelta("A"),
-                                   ThinkingSignature("ts-2", GEMINI), RedactedThinking("r", OPENAI)], Usage())
+    message, _ = streamed_message(
+        [
+            ThinkingDelta("t"),
+            ThinkingSignature("ts-1", GEMINI),
+            TextDelta("A"),
+            ThinkingSignature("ts-2", GEMINI),
+            RedactedThinking("r", OPENAI),
+        ],
+        Usage(),
+    )
     assert [b.type for b in message.content] == ["thinking", "text", "thinking", "redacted_thinking"]
     replay = [block.model_dump(exclude_none=True) for block in message.content]
     c = decode(messages=[{"role": "user", "content": "Q"}, {"role": "assistant", "content": replay}])
-    assert c.messages[1].parts == [Thinking("t", "ts-1", GEMINI), Text("A"), Thinking("", "ts-2", GEMINI),
-                                   Thinking(signature="r", origin=OPENAI, redacted=True)]
+    assert c.messages[1].parts == [
+        Thinking("t", "ts-1", GEMINI),
+        Text("A"),
+        Thinking("", "ts-2", GEMINI),
+        Thinking(signature="r", origin=OPENAI, redacted=True),
+    ]
 
 
 def test_thinking_text_is_left_out_when_the_caller_asked_for_it_omitted():
-    message, _ = streamed_message([ThinkingDelta("secret"), ThinkingSignature("s", OPENAI), TextDelta("A")], Usage(),
-                                  thinking={"type": "adaptive", "display": "omitted"})
+    message, _ = streamed_message(
+        [ThinkingDelta("secret"), ThinkingSignature("s", OPENAI), TextDelta("A")],
+        Usage(),
+        thinking={"type": "adaptive", "display": "omitted"},
+    )
     assert message.content[0].thinking == "" and unseal(message.content[0].signature) == (OPENAI, "s")
 
 
@@ -498,10 +720,11 @@ def test_an_answer_with_no_content_is_still_a_whole_message():
 def test_an_error_mid_stream_reaches_the_sdk_as_its_error_event():
     w = writer()
     answer = w.write([TextDelta("Hi")]) + w.error(ErrorKind.STREAM_BUSY, "The provider is overloaded.")
-    assert w.error(ErrorKind.STREAM_BUSY, "x") == MessagesWatcher(client_facts()).stream_error(ErrorKind.STREAM_BUSY, "x")
+    assert w.error(ErrorKind.STREAM_BUSY, "x") == MessagesWatcher(client_facts()).stream_error(
+        ErrorKind.STREAM_BUSY, "x"
+    )
     with pytest.raises(anthropic.APIStatusError) as failed:
-        with sdk_client(answer).messages.stream(model="m", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]) as s:
-            list(s)
+        final_message(answer)
     assert failed.value.body["error"] == {"type": "overloaded_error", "message": "The provider is overloaded."}
 
 
@@ -527,9 +750,11 @@ def test_an_anthropic_channel_read_and_written_again_gives_the_sdk_the_same_answ
 
 # -- any well-formed answer is parsed by the SDK ---------------------------------
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                           max_leaves=6)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -547,15 +772,21 @@ def answers(draw):
             pieces += [ThinkingDelta(t) for t in chunks]
             thoughts += chunks
             if draw(st.booleans()):
-                pieces.append(ThinkingSignature(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol)))))
+                pieces.append(
+                    ThinkingSignature(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol))))
+                )
         elif kind == "redacted":
-            pieces.append(RedactedThinking(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol)))))
+            pieces.append(
+                RedactedThinking(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol))))
+            )
         else:
             arguments = draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3))
             raw = json.dumps(arguments, ensure_ascii=False)
             cuts = sorted(draw(st.lists(st.integers(0, len(raw)), max_size=3)))
             index = len(calls)
-            pieces.append(ToolCallStart(index, draw(st.sampled_from(["", f"call_{index}"])), draw(st.sampled_from(["f", "g"]))))
+            pieces.append(
+                ToolCallStart(index, draw(st.sampled_from(["", f"call_{index}"])), draw(st.sampled_from(["f", "g"])))
+            )
             pieces += [ToolArguments(index, raw[a:b]) for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
             calls.append(arguments)
     pieces.append(Stop(draw(st.sampled_from(list(StopReason))), draw(st.none() | st.just("END"))))
@@ -571,9 +802,15 @@ def test_any_answer_the_writer_writes_is_parsed_by_the_sdk(answer, usage):
     assert "".join(b.thinking for b in message.content if b.type == "thinking") == thinking
     assert [b.input for b in message.content if b.type == "tool_use"] == calls
     assert message.usage.model_dump(exclude_none=True) == {
-        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-        "cache_read_input_tokens": usage.cache_read_tokens, "cache_creation_input_tokens": usage.cache_write_tokens,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_input_tokens": usage.cache_read_tokens,
+        "cache_creation_input_tokens": usage.cache_write_tokens,
         **({"output_tokens_details": {"thinking_tokens": usage.thinking_tokens}} if usage.thinking_tokens else {}),
     }
-    ended = {StopReason.LENGTH: "max_tokens", StopReason.STOP_SEQUENCE: "stop_sequence", StopReason.CONTENT_FILTER: "refusal"}
+    ended = {
+        StopReason.LENGTH: "max_tokens",
+        StopReason.STOP_SEQUENCE: "stop_sequence",
+        StopReason.CONTENT_FILTER: "refusal",
+    }
     assert message.stop_reason == ended.get(pieces[-1].reason, "tool_use" if calls else "end_turn")

@@ -60,10 +60,18 @@ def _malformed(message: str, param: str) -> GatewayError:
 def decode(facts: RequestFacts) -> Conversation:
     body = facts.body
     untranslatable: list[str] = [name for name in UNTRANSLATABLE_FIELDS if body.get(name)]
+    system, messages = _system(body.get("system")), []
+    for i, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "system":
+            # A system turn mid-conversation (Claude Code sends them): the
+            # neutral form has one system prompt, the nearest equivalent.
+            system += _system(message.get("content"))
+        else:
+            messages.append(_message(message, i, untranslatable))
     conversation = Conversation(
         model=facts.model,
-        messages=[_message(m, i, untranslatable) for i, m in enumerate(body.get("messages") or [])],
-        system=_system(body.get("system")),
+        messages=messages,
+        system=system,
         max_tokens=_number(body, "max_tokens", int),
         temperature=_number(body, "temperature", float),
         top_p=_number(body, "top_p", float),
@@ -71,8 +79,8 @@ def decode(facts: RequestFacts) -> Conversation:
         stream=facts.stream,
         untranslatable=untranslatable,
     )
-    conversation.tools = [_tool(t, untranslatable) for t in body.get("tools") or [] if isinstance(t, dict)]
-    conversation.tools = [t for t in conversation.tools if t is not None]
+    tools = [_tool(t, untranslatable) for t in body.get("tools") or [] if isinstance(t, dict)]
+    conversation.tools = [t for t in tools if t is not None]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") in CHOICES_IN:
         conversation.tool_choice = ToolChoice(CHOICES_IN[choice["type"]], choice.get("name"))
@@ -105,7 +113,7 @@ def _system(system: Any) -> list[str]:
 
 def _message(message: Any, i: int, untranslatable: list[str]) -> Message:
     if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise _malformed("Each message must be an object with role `user` or `assistant`.", f"messages.{i}")
+        raise _malformed("Each message must be an object with role `user`, `assistant` or `system`.", f"messages.{i}")
     content = message.get("content")
     if isinstance(content, str):
         return Message(message["role"], [Text(content)])

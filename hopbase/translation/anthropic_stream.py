@@ -128,7 +128,7 @@ def _state(origin: WireProtocol, value: str) -> str:
     return value if origin == ANTHROPIC else seal(origin, value)
 
 
-def usage_object(usage: Usage) -> dict[str, Any]:
+def _usage_object(usage: Usage) -> dict[str, Any]:
     out: dict[str, Any] = {
         "input_tokens": usage.input_tokens,
         "cache_creation_input_tokens": usage.cache_write_tokens,
@@ -175,7 +175,8 @@ class AnthropicWriter(Writer):
                 case ThinkingSignature():
                     self._signature(out, piece)
                 case RedactedThinking(data=data, origin=origin):
-                    self._open_block(out, "redacted_thinking", {"type": "redacted_thinking", "data": _state(origin, data)})
+                    block = {"type": "redacted_thinking", "data": _state(origin, data)}
+                    self._open_block(out, "redacted_thinking", block)
                     self._close(out)
                 case Stop():
                     self._stop = piece
@@ -190,9 +191,11 @@ class AnthropicWriter(Writer):
         self._parts[-1].append(text)
 
     def _thinking(self, out: list[bytes], text: str) -> None:
+        if not text:
+            return
         if self._open != "thinking" or self._signed:
             self._open_block(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-        if text and not self._hide_thinking:
+        if not self._hide_thinking:
             out.append(_DELTA + self._index + _THINKING + dumps(text) + _END)
             self._parts[-1].append(text)
 
@@ -254,7 +257,7 @@ class AnthropicWriter(Writer):
         reason, sequence = self._stop_reason()
         out.append(_event(b"message_delta", {"type": "message_delta",
                                              "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                             "usage": usage_object(usage)}))
+                                             "usage": _usage_object(usage)}))
         out.append(_MESSAGE_STOP)
         return b"".join(out)
 
@@ -280,4 +283,4 @@ class AnthropicWriter(Writer):
     def _message(self, content: list[Any], reason: str | None, sequence: str | None, usage: Usage) -> dict[str, Any]:
         return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": usage_object(usage)}
+                "usage": _usage_object(usage)}
