@@ -234,7 +234,8 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
     budget = _thinking_budget(c, messages, body.get("tool_choice"))
     max_tokens = c.max_tokens or DEFAULT_MAX_TOKENS
     if budget:
-        max_tokens = max_tokens if c.max_tokens else budget + DEFAULT_MAX_TOKENS
+        if not c.max_tokens:
+            max_tokens = budget + DEFAULT_MAX_TOKENS  # room to answer after thinking
         body["thinking"] = {"type": "enabled", "budget_tokens": min(budget, max_tokens - 1)}
     else:
         if c.reasoning is not None and not c.reasoning.enabled:
