@@ -9,8 +9,6 @@ import math
 import re
 from pathlib import Path
 
-from bench.measure import CLEANUP_TIMEOUT
-
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
@@ -23,65 +21,62 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
 
-def report(args: argparse.Namespace, settings: list[str], res: dict) -> str:
-    c = args.concurrency
-    rows: list[tuple[str, str, str, str]] = []
+def per(total: dict, events: int = 1) -> float:
+    return total["cpu"] / max(total["done"] * events, 1)
 
-    def latency_rows(label: str, key: str, attr: str) -> None:
-        gw, dr = res[key]["gateway"], res[key]["direct"]
-        for q in (0.5, 0.99):
-            g, d = percentile(getattr(gw, attr), q), percentile(getattr(dr, attr), q)
-            rows.append((f"{label} p{round(q * 100)}", ms(g), ms(d), f"{(g - d) * 1000:+.2f} ms"))
 
-    latency_rows("chat non-stream latency, C=1", "whole_serial", "latency")
-    latency_rows(f"chat non-stream latency, C={c}", "whole", "latency")
-    latency_rows(f"chat stream TTFT, C={c}", "chat_stream", "ttft")
-    latency_rows(f"chat stream total, C={c}", "chat_stream", "latency")
-    latency_rows(f"anthropic stream TTFT, C={c}", "anth_stream", "ttft")
-    latency_rows(f"anthropic stream total, C={c}", "anth_stream", "latency")
-    bg, bd = res["burst_gateway"], res["burst_direct"]
-    rps_g, rps_d = bg["done"] / bg["wall"], bd["done"] / bd["wall"]
-    rows.append((f"chat non-stream throughput, C={c}", f"{rps_g:.0f} req/s", f"{rps_d:.0f} req/s",
-                 f"{(1 / rps_g - 1 / rps_d) * 1000:+.2f} ms/req wall"))
-    rows.append(("CPU per request: gateway process", ms(bg["cpu"]["gateway"]), "—", ms(bg["cpu"]["gateway"])))
-    rows.append(("CPU per request: simulator process", ms(bg["cpu"]["simulator"]), ms(bd["cpu"]["simulator"]),
-                 f"{(bg['cpu']['simulator'] - bd['cpu']['simulator']) * 1000:+.2f} ms"))
-    rows.append(("CPU per request: bench client", ms(bg["cpu"]["client"]), ms(bd["cpu"]["client"]),
-                 f"{(bg['cpu']['client'] - bd['cpu']['client']) * 1000:+.2f} ms"))
-    total_g = sum(bg["cpu"].values())
-    total_d = sum(bd["cpu"].values())
-    rows.append(("CPU per request: all three", ms(total_g), ms(total_d), f"{(total_g - total_d) * 1000:+.2f} ms"))
-    if "open" in res:
-        o = res["open"]
-        n = max(o["opened"], 1)
-        rows.append((f"open streams: {o['opened']}/{o['count']} held (opened in {o['open_seconds']:.1f} s)",
-                     f"RSS {o['rss_before']:.0f} -> {o['rss_open']:.0f} MB", "—",
-                     f"{(o['rss_open'] - o['rss_before']) * 1024 / n:.1f} KB/stream"))
-        rows.append(("open streams: gateway sockets",
-                     f"{o['fds_before']} -> {o['fds_open']}", "—", f"{(o['fds_open'] - o['fds_before']) / n:.2f} sockets/stream"))
-        rows.append((f"open streams: all hung up; {o['cleanup_seconds']:.1f} s later",
-                     f"RSS {o['rss_closed']:.0f} MB, {o['fds_closed']} sockets", "—",
-                     "" if o["fds_closed"] <= o["fds_before"] + 4 else f"gave up after {CLEANUP_TIMEOUT:.0f} s"))
+def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) -> str:
+    """One table: each target of issue 13, its floor, today's figure, the ratio."""
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    whole = tgt["whole"]
+    floor, one, two = per(whole["floor"]), per(whole["gateway"]), per(whole["serve"])
+    rows.append(("CPU per relayed non-stream request (50 tokens)", f"{floor * 1e3:.2f} ms (bare relay)",
+                 f"{one * 1e3:.2f} ms", f"{one / floor:.2f}×", "≤ 2× floor"))
+    events = tgt["long_events"]
+    long = tgt["long"]
+    f_ev, g_ev = per(long["floor"], events), per(long["gateway"], events)
+    rows.append((f"CPU per streamed event ({events}-event pass-through)", f"{f_ev * 1e3:.3f} ms (bare relay)",
+                 f"{g_ev * 1e3:.3f} ms", f"{g_ev / f_ev:.2f}×", "≤ 0.05 ms"))
+    if "translated" in tgt:
+        n = tgt["translated_events"]
+        t_st = per(tgt["translated"]["gateway"])
+        rows.append((f"CPU per translated stream (chat client, anthropic channel, {n} events)",
+                     f"{g_ev * n * 1e3:.2f} ms ({n} events passed through)", f"{t_st * 1e3:.2f} ms",
+                     f"{t_st / (g_ev * n):.2f}×", "—"))
+    else:
+        rows.append(("CPU per translated stream (chat client, anthropic channel)", "—",
+                     f"n/a (gateway answered {-tgt['translated_events']})", "—", "—"))
+    shares = sorted(whole["serve"]["per_pid"].values())
+    spread = "/".join(f"{100 * v / max(sum(shares), 1e-9):.0f}" for v in shares)
+    rows.append((f"CPU per request, serve --workers 2 (summed; CPU split {spread} %)", f"{one * 1e3:.2f} ms (one process)",
+                 f"{two * 1e3:.2f} ms", f"{two / one:.2f}×", "≤ 1.10×"))
+    for label, key, attr in (("added latency, non-stream, C=1, p50", "whole_serial", "latency"),
+                             ("added time to first token, stream, C=1, p50", "chat_stream_serial", "ttft")):
+        g, d = (percentile(getattr(res[key][name], attr), 0.5) for name in ("gateway", "direct"))
+        rows.append((label, f"{d * 1e3:.2f} ms (direct)", f"+{(g - d) * 1e3:.2f} ms", f"{g / d:.2f}×", "≤ +1 ms"))
+    if "open" in tgt:
+        o = tgt["open"]
+        rows.append((f"{o['count']} streams opened at once over serve --workers 2", "—",
+                     f"{o['opened']} open in {o['open_seconds']:.1f} s", "—", "all within 5 s"))
+        rows.append(("  their RSS, both processes", f"{o['rss_before_mb']:.0f} MB idle", f"{o['rss_mb']:.0f} MB",
+                     f"{(o['rss_mb'] - o['rss_before_mb']) * 1024 / max(o['opened'], 1):.1f} KB/stream", "< 1024 MB"))
+        rows.append(("  upstream requests cancelled when they closed", "—", f"{o['cancelled']}/{o['upstream']}", "—",
+                     "all"))
+
+    lines = ["## HopBase against its floor (issue 13)", "", "```", *settings, "```", "",
+             "| target | floor | today | ratio | goal |", "|---|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    errors = [f"{key}/{name}: {dict(samples.errors)}" for key in ("whole_serial", "chat_stream_serial")
+              for name, samples in res[key].items() if samples.errors]
+    errors += [f"{key}/{name}: {dict(t['errors'])}" for key in ("whole", "long", "translated") if key in tgt
+               for name, t in tgt[key].items() if t["errors"]]
+    if "open" in tgt and tgt["open"]["errors"]:
+        errors.append(f"open streams: {tgt['open']['errors']}")
     sk = res["sockets"]
-    rows.append((f"gateway sockets still open after {sk['requests']} requests ended",
-                 f"{sk['before']} -> {sk['after']}", "—", f"{(sk['after'] - sk['before']) * 100 / max(sk['requests'], 1):+.1f} per 100 req"))
-
-    lines = ["## HopBase gateway overhead", "", "```", *settings, "```", "",
-             "| what | gateway | direct | added |", "|---|---:|---:|---:|"]
-    lines += [f"| {a} | {b} | {c_} | {d} |" for a, b, c_, d in rows]
-    errors = []
-    for key in ("whole_serial", "whole", "chat_stream", "anth_stream"):
-        for name, samples in res[key].items():
-            if samples.errors:
-                errors.append(f"{key}/{name}: {dict(samples.errors)}")
-    for key in ("burst_gateway", "burst_direct"):
-        if res[key]["errors"]:
-            errors.append(f"{key}: {dict(res[key]['errors'])}")
-    if "open" in res and res["open"]["errors"]:
-        errors.append(f"open streams: {res['open']['errors']}")
-    lines += ["", "errors: " + ("; ".join(errors) if errors else "none")]
-    counts = {k: len(res[k]["gateway"].latency) for k in ("whole_serial", "whole", "chat_stream", "anth_stream")}
-    lines.append(f"samples per target: {counts}; bursts: {bg['done']} gateway, {bd['done']} direct requests")
+    lines += ["", "errors: " + ("; ".join(errors) if errors else "none"),
+              f"calls per target: non-stream {whole['gateway']['done']}, long streams {long['gateway']['done']}; "
+              f"gateway sockets after {sk['requests']} requests ended: {sk['before']} -> {sk['after']}"]
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ Usage (from the project folder, with the project's virtualenv)::
 Self-contained: it makes a fresh SQLite database in a temporary folder
 (``DATABASE_URL=sqlite:////tmp/hopbase-bench-.../bench.sqlite3``; the
 developer's ``db.sqlite3`` is never touched), runs ``manage.py migrate`` and
-``manage.py demo`` against it, and starts two processes on free loopback ports:
+``manage.py demo`` against it, and starts on free loopback ports:
 
 - the upstream simulator: ``python manage.py simulate_upstream --port P``;
 - the gateway: ``daphne -v 0 -e tcp:port=P:interface=127.0.0.1:backlog=4096
@@ -18,45 +18,43 @@ developer's ``db.sqlite3`` is never touched), runs ``manage.py migrate`` and
   ``HOPBASE_LOG_LEVEL=WARNING``, no ``REDIS_URL`` (in-process mode), every
   other setting at its default.
 
-Then it measures, from one shared ``httpx.AsyncClient`` (keep-alive, at most C
-connections), interleaving gateway and direct calls (gateway, direct, gateway,
-... handed to C workers) so machine noise hits both alike:
+It also starts the floor, ``daphne … bench.floor:application`` (a bare relay:
+Daphne + httpx over aiohttp, forwarding to the simulator), and ``manage.py
+serve --workers 2`` on the same database. Then it measures:
 
-1. non-streaming Chat Completions (``[sim tokens=50]``): latency p50/p99 via
-   the gateway and directly against the simulator with the same body, once
-   serially (C=1) and once at concurrency C; "added" = gateway - direct;
-2. streaming Chat Completions (with ``stream_options.include_usage`` so both
-   paths ask the simulator for the same stream) and Anthropic Messages
-   (``[sim tokens=50 pace=0.002]``): time to first content byte (the first
-   chunk carrying a non-empty ``content`` delta / a ``content_block_delta``)
-   and total time, p50/p99;
-3. N non-streaming requests at concurrency C sent only to the gateway, and N
-   only to the simulator for reference, in 4 alternating rounds (direct,
-   gateway, direct, ...): requests/s, and CPU time per request of
-   the gateway process (``/proc/PID/stat`` utime+stime, all its threads,
-   including the request-log writer), of the simulator and of this client;
-4. with ``--open-streams [S]`` (default off; 2000 when given without a number):
-   S concurrent slow Chat streams (``[sim tokens=3 pace=600]``, held open until
-   measured, then closed), and the gateway's RSS growth (``/proc/PID/status``
-   VmRSS) and open descriptors per stream. Each stream costs two sockets in
-   the gateway; the soft ``RLIMIT_NOFILE`` is raised to the hard limit here
-   and inherited by the children. Above 2000 streams the gateway's upstream
-   pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``, default 2000) is raised to fit.
+1. one call at a time, gateway and direct calls interleaved: added latency
+   of a non-stream Chat request and added time to first token of a stream
+   (p50 of gateway minus p50 of direct);
+2. CPU per non-stream request (``[sim tokens=50]``) of the floor, of the
+   gateway process, and of both ``serve`` workers summed (``/proc/PID/stat``
+   utime+stime, all threads), in alternating rounds of C concurrent
+   keep-alive calls, one target at a time so each process's CPU is its own;
+3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
+   gateway against floor, the same way;
+4. CPU per translated stream: a Chat Completions stream for a model only an
+   Anthropic channel serves ("n/a" while the gateway answers 404);
+5. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
+   streams opened at once over raw sockets against ``serve``, the time until
+   all have their first token, both workers' RSS, and then, all closed at
+   once, how many of the upstream requests the simulator saw hung up on.
+   Each stream costs two descriptors in its worker; above 2,000 streams the
+   upstream pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``) is raised to fit.
 
-``--py-spy PATH`` samples the gateway with that py-spy binary (install it in a
-throwaway venv, it is not a project dependency) during the burst rounds (in
-``--gil`` mode, so idle threads and the idle gateway during direct rounds add
-no samples) and prints the hottest functions; the CPU figures of such a run
+``--py-spy PATH`` samples the gateway process with that py-spy binary (pip
+install it, it is not a project dependency) during measures 2-4 (in
+``--gil`` mode, so idle threads and the rounds of other targets add few
+samples) and prints the hottest functions; the CPU figures of such a run
 include py-spy's sampling overhead. ``--keep`` keeps the temporary folder (database, process
 logs). Defaults finish in about a minute on a 2-core machine. Every process it
 starts is stopped on the way out, Ctrl-C included.
 
-Output: the exact command line and settings, then a Markdown table (what,
-gateway, direct, added) plus requests/s and CPU ms per request.
+Output: the exact command line and settings, then one Markdown table: each
+target of issue 13, the floor it is held against, today's figure, the ratio
+and the goal. The machine is shared and noisy: compare ratios within a run.
 
 The pieces: ``bench/processes.py`` (the child processes, /proc readings,
-py-spy), ``bench/measure.py`` (the calls and the measurements) and
-``bench/report.py`` (the table).
+py-spy), ``bench/measure.py`` (latency), ``bench/targets.py`` (CPU and open
+streams), ``bench/floor.py`` (the bare relay) and ``bench/report.py`` (the table).
 """
 
 from __future__ import annotations
@@ -82,6 +80,9 @@ import httpx
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
 from bench.processes import Child, Profiler, free_port, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
+from bench.targets import LONG_STREAM, TRANSLATED_STREAM, measure_targets, serve_workers
+
+TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: chat requests for it are translated
 
 BIN = Path(sys.executable).parent
 
@@ -92,11 +93,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=500, help="non-streaming requests per target (and per burst)")
+    parser.add_argument("--requests", type=int, default=500, help="non-streaming requests per target for CPU (a quarter of them for latency)")
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent client requests")
-    parser.add_argument("--streams", type=int, default=150, help="streaming requests per protocol per target")
-    parser.add_argument("--open-streams", type=int, nargs="?", const=2000, default=0,
-                        help="hold this many streams open and measure the gateway's memory (default off; 2000 if bare)")
+    parser.add_argument("--streams", type=int, default=150, help="long streams per target for CPU (half as many for time to first token)")
+    parser.add_argument("--open-streams", type=int, nargs="?", const=10000, default=0,
+                        help="open this many streams at once over serve --workers 2 (default off; 10000 if bare)")
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: sample the gateway during its burst")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
     args = parser.parse_args()
@@ -104,10 +105,10 @@ def main() -> int:
         parser.error("counts must be positive")
 
     soft, hard = raise_fd_limit()
-    # Each held stream: 2 fds in the gateway, 1 in this client, 1 in the simulator, plus headroom.
-    if args.open_streams and args.open_streams * 2 + 200 > soft:
-        parser.error(f"--open-streams {args.open_streams} needs about {args.open_streams * 2 + 200} descriptors "
-                     f"in the gateway; the limit is {soft}")
+    # Each held stream: 2 fds in one of the two gateway processes, 1 in this client, 1 in the simulator.
+    if args.open_streams and args.open_streams + 200 > soft:
+        parser.error(f"--open-streams {args.open_streams} needs about {args.open_streams + 200} descriptors "
+                     f"in each process; the limit is {soft}")
 
     # Ctrl-C and SIGTERM raise KeyboardInterrupt wherever the run is (asyncio.run's
     # own SIGINT handling only cancels the main task, which a finishing wait can
@@ -132,7 +133,7 @@ def main() -> int:
     children: list[Child] = []
     profilers: list[Profiler] = []
     try:
-        sim_port, gw_port = free_port(), free_port()
+        sim_port, gw_port, floor_port, serve_port = free_port(), free_port(), free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
         log(f"temporary folder {tmp}")
         manage(["migrate", "--verbosity", "0"], env)
@@ -140,6 +141,9 @@ def main() -> int:
         key = demo[3].strip() if len(demo) > 3 else ""
         if not key or " " in key:
             raise RuntimeError(f"could not read the demo key from line 4 of:\n{chr(10).join(demo[:6])}")
+        manage(["addchannel", "bench-anthropic", "--protocol", "anthropic", "--base-url", sim_url,
+                "--api-key", "sk-simulated", "--models", TRANSLATED_MODEL], env)
+        manage(["setprice", TRANSLATED_MODEL, "--input", "1", "--output", "2"], env)
 
         sim_args = [sys.executable, "manage.py", "simulate_upstream", "--host", "127.0.0.1", "--port", str(sim_port)]
         daphne = [str(BIN / "daphne")] if (BIN / "daphne").exists() else [sys.executable, "-m", "daphne"]
@@ -149,8 +153,19 @@ def main() -> int:
         children[-1].wait_ready(sim_url + "/_sim/health")
         children.append(Child("gateway", gw_args, env, tmp))
         children[-1].wait_ready(gw_url + "/healthz")
-        sim, gw = children
-        log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}")
+        floor_args = [*daphne, "-v", "0", "-e", f"tcp:port={floor_port}:interface=127.0.0.1:backlog=4096",
+                      "bench.floor:application"]
+        children.append(Child("floor", floor_args, {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp))
+        children[-1].wait_ready(f"http://127.0.0.1:{floor_port}/_sim/health")
+        serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve_port),
+                      "--workers", "2"]
+        children.append(Child("serve", serve_args, env, tmp))
+        floor_url, serve_url = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{serve_port}"
+        children[-1].wait_ready(serve_url + "/healthz")
+        sim, gw, floor_process, serve_process = children
+        workers = serve_workers(serve_process.pid)
+        log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}; floor pid "
+            f"{floor_process.pid} at {floor_url}; serve workers {workers} at {serve_url}")
 
         shown_env = {k: v for k, v in env.items() if k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED")
                      or k.startswith("HOPBASE_")}
@@ -160,37 +175,42 @@ def main() -> int:
             f" --open-streams {args.open_streams}" + (f" --py-spy {args.py_spy}" if args.py_spy else ""),
             "env:       " + " ".join(f"{k}={v}" for k, v in sorted(shown_env.items())) + " (REDIS_URL unset)",
             "gateway:   " + shlex.join([Path(gw_args[0]).name, *gw_args[1:]]),
+            "floor:     " + shlex.join([Path(floor_args[0]).name, *floor_args[1:]]) + " (bench/floor.py)",
+            "serve:     " + shlex.join(["python", *serve_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
             f" RLIMIT_NOFILE {soft}/{hard}",
-            f"bodies:    chat {NONSTREAM_DIRECTIVE} non-stream; chat (include_usage) and anthropic streams"
-            f" {STREAM_DIRECTIVE}",
+            f"bodies:    chat {NONSTREAM_DIRECTIVE} non-stream; chat streams (include_usage)"
+            f" {STREAM_DIRECTIVE} and {LONG_STREAM}; translated {TRANSLATED_MODEL} {TRANSLATED_STREAM}",
         ]
 
-        gateway = Target("gateway", gw_url, {"authorization": f"Bearer {key}", "content-type": "application/json"},
-                         {"x-api-key": key, "anthropic-version": "2023-06-01", "content-type": "application/json"})
-        direct = Target("direct", sim_url, {"authorization": "Bearer sk-simulated", "content-type": "application/json"},
-                        {"x-api-key": "sk-simulated", "anthropic-version": "2023-06-01",
-                         "content-type": "application/json"})
+        chat_headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+        sim_headers = {"authorization": "Bearer sk-simulated", "content-type": "application/json"}
+        gateway = Target("gateway", gw_url, chat_headers, {})
+        direct = Target("direct", sim_url, sim_headers, {})
+        floor = Target("floor", floor_url, sim_headers, {})
+        served = Target("serve", serve_url, chat_headers, {})
         pids = {"gateway": gw.pid, "simulator": sim.pid, "client": os.getpid()}
-
-        def profiler_factory() -> Profiler | None:
-            if not args.py_spy:
-                return None
-            profilers.append(Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt"))
-            return profilers[-1]
+        cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers}
 
         started = time.monotonic()
-        results = asyncio.run(measure(args, gateway, direct, sim_url, pids, profiler_factory))
+        results = asyncio.run(measure(args, gateway, direct, sim_url, pids))
+        profiler = Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt") if args.py_spy else None
+        if profiler is not None:
+            profilers.append(profiler)
+        targets = asyncio.run(measure_targets(args, gateway, floor, served, direct, sim_url, cpu_pids,
+                                              TRANSLATED_MODEL))
+        if profiler is not None:
+            profiler.stop()
         settings.append(f"duration:  {time.monotonic() - started:.1f} s of measuring")
         for child in children:
             if child.process.poll() is not None:
                 raise RuntimeError(f"{child.name} died during the run:\n{child.log_tail()}")
-        text = report(args, settings, results)
+        text = report(args, settings, results, targets)
         print(text + "\n" + gateway_log_summary(gw.log_path))
-        if "profile" in results:
+        if profiler is not None:
             print()
-            print(results["profile"])
+            print(profiler.report())
             args.keep = True  # the raw stacks live in the temporary folder
         return 0
     except KeyboardInterrupt:

@@ -1,0 +1,172 @@
+"""The measurements behind issue 13's targets: CPU per request and per event
+against the bare relay (bench/floor.py), the translated stream, two processes
+under ``manage.py serve``, and many streams held open over them."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from bench.measure import CHAT_CONTENT, REQUEST_TIMEOUT, Samples, Target, chat_body, interleaved, log
+from bench.processes import cpu_seconds, rss_mb
+
+ROUNDS = 3  # alternating rounds per CPU comparison
+LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
+TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 events
+HOLD_PACE = 600  # seconds between tokens of a held-open stream
+
+
+async def cpu_rounds(targets: list[Target], pids: dict[str, list[int]], count: int, concurrency: int,
+                     one: Callable[[Target, Samples], Awaitable[None]]) -> dict[str, dict]:
+    """``count`` calls per target in ``ROUNDS`` alternating rounds, one target
+    at a time; per target the calls done, their errors and the CPU seconds of
+    the processes named in ``pids[target.name]`` (summed)."""
+    totals = {t.name: {"done": 0, "cpu": 0.0, "errors": collections.Counter(), "per_pid": collections.Counter()}
+              for t in targets}
+    for round_ in range(ROUNDS):
+        size = count // ROUNDS + (round_ < count % ROUNDS)
+        for target in targets:
+            watched = pids[target.name]
+            before = {pid: cpu_seconds(pid) for pid in watched}
+            samples = (await interleaved([target], size, concurrency, one))[target.name]
+            total = totals[target.name]
+            for pid in watched:
+                spent = cpu_seconds(pid) - before[pid]
+                total["cpu"] += spent
+                total["per_pid"][pid] += spent
+            total["done"] += len(samples.latency)
+            total["errors"].update(samples.errors)
+    return totals
+
+
+async def stream_events(client: httpx.AsyncClient, target: Target, body: bytes) -> int:
+    """Events in one chat stream's answer (blank-line terminated)."""
+    response = await client.post(target.base + "/v1/chat/completions", content=body, headers=target.chat_headers)
+    if response.status_code != 200:
+        return -response.status_code
+    return response.content.count(b"\n\n")
+
+
+def serve_workers(serve_pid: int) -> list[int]:
+    with open(f"/proc/{serve_pid}/task/{serve_pid}/children") as f:
+        return [int(pid) for pid in f.read().split()]
+
+
+async def open_streams(count: int, target: Target, sim_url: str, worker_pids: list[int]) -> dict:
+    """``count`` chat streams opened at once over raw sockets (the client's
+    own cost kept small), each held until its first content byte arrives;
+    then all closed, and the simulator asked whether every upstream request
+    saw its caller hang up."""
+    log(f"opening {count} streams at once")
+    tag = f"hold{int(time.time())}"
+    body = chat_body(f"Hold on. [sim tokens=3 pace={HOLD_PACE} tag={tag}]", stream=True)
+    host, port = target.base.removeprefix("http://").split(":")
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in target.chat_headers.items())
+            + f"content-length: {len(body)}\r\n\r\n").encode() + body
+    rss_before = sum(rss_mb(pid) for pid in worker_pids)
+    writers: list[asyncio.StreamWriter] = []
+    errors: collections.Counter = collections.Counter()
+    opened_at: list[float] = []
+
+    async def hold() -> None:
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 16)
+            writers.append(writer)
+            writer.write(head)
+            seen = b""
+            while not CHAT_CONTENT.search(seen):
+                data = await reader.read(65536)
+                if not data:
+                    errors["closed early"] += 1
+                    return
+                seen += data
+            opened_at.append(time.perf_counter())
+        except OSError as error:
+            errors[type(error).__name__] += 1
+
+    started = time.perf_counter()
+    tasks = [asyncio.ensure_future(hold()) for _ in range(count)]
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(120):
+            await asyncio.gather(*tasks)
+    result = {"count": count, "opened": len(opened_at), "errors": dict(errors),
+              "open_seconds": (max(opened_at) - started) if opened_at else float("nan")}
+    await asyncio.sleep(1.0)
+    result["rss_mb"] = sum(rss_mb(pid) for pid in worker_pids)
+    result["rss_before_mb"] = rss_before
+    for task in tasks:
+        task.cancel()
+    for writer in writers:
+        writer.transport.abort()
+    # Every upstream request must see the gateway hang up.
+    deadline = time.perf_counter() + 60
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False) as client:
+        while True:
+            records = (await client.get(sim_url + "/_sim/records", params={"tag": tag})).json()
+            cancelled = sum(1 for r in records if r.get("client_closed_at") is not None)
+            if cancelled >= len(records) or time.perf_counter() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        await client.delete(sim_url + "/_sim/records")
+    result.update(upstream=len(records), cancelled=cancelled)
+    return result
+
+
+async def measure_targets(args, gateway: Target, floor: Target, served: Target, direct: Target, sim_url: str,
+                          pids: dict[str, list[int]], translated_model: str) -> dict:
+    out: dict = {}
+    c = args.concurrency
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT, trust_env=False) as client:
+        whole = chat_body("Say hello in fifty words. [sim tokens=50]", stream=False)
+        long = chat_body("Tell a long story. " + LONG_STREAM, stream=True)
+
+        async def one_whole(t: Target, s: Samples) -> None:
+            started = time.perf_counter()
+            response = await client.post(t.base + "/v1/chat/completions", content=whole, headers=t.chat_headers)
+            if response.status_code == 200:
+                s.latency.append(time.perf_counter() - started)
+            else:
+                s.errors[f"HTTP {response.status_code}"] += 1
+
+        def one_stream(body: bytes) -> Callable[[Target, Samples], Awaitable[None]]:
+            async def one(t: Target, s: Samples) -> None:
+                started = time.perf_counter()
+                async with client.stream("POST", t.base + "/v1/chat/completions", content=body,
+                                         headers=t.chat_headers) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+                if response.status_code == 200:
+                    s.latency.append(time.perf_counter() - started)
+                else:
+                    s.errors[f"HTTP {response.status_code}"] += 1
+            return one
+
+        for target in (floor, served):  # warm-up
+            await interleaved([target], 20, c, one_whole)
+        log("CPU per non-stream request: floor, one gateway process, serve --workers 2")
+        out["whole"] = await cpu_rounds([floor, gateway, served], pids, args.requests, c, one_whole)
+        await client.delete(sim_url + "/_sim/records")
+
+        out["long_events"] = await stream_events(client, direct, long)
+        log(f"CPU per streamed event: {out['long_events']}-event pass-through streams")
+        out["long"] = await cpu_rounds([floor, gateway], pids, args.streams, c, one_stream(long))
+        await client.delete(sim_url + "/_sim/records")
+
+        translated = chat_body("Tell a story. " + TRANSLATED_STREAM, stream=True)
+        translated = json.dumps({**json.loads(translated), "model": translated_model}).encode()
+        out["translated_events"] = await stream_events(client, gateway, translated)
+        if out["translated_events"] > 0:
+            log(f"CPU per translated stream ({out['translated_events']} events)")
+            out["translated"] = await cpu_rounds([gateway], pids, args.streams, c, one_stream(translated))
+            await client.delete(sim_url + "/_sim/records")
+    if args.open_streams:
+        out["open"] = await open_streams(args.open_streams, served, sim_url, pids["serve"])
+    return out
