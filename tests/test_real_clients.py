@@ -312,7 +312,9 @@ def test_claude_code_prints_the_answer(rig, tmp_path, channel):
 
 
 def codex_config(rig: Rig, route: Route) -> str:
-    """The README's ~/.codex/config.toml, on this gateway's port."""
+    """The README's ~/.codex/config.toml, on this gateway's port, and what
+    keeps Codex offline: without the last two tables it calls ab.chatgpt.com
+    (analytics), github.com, api.github.com and chatgpt.com (plugins)."""
     return (
         f'model = "{route.public_model}"\n'
         'model_provider = "hopbase"\n'
@@ -324,6 +326,12 @@ def codex_config(rig: Rig, route: Route) -> str:
         'wire_api = "responses"\n'
         "request_max_retries = 0\n"  # one upstream call per request: a retry would hide a failure
         "stream_max_retries = 0\n"
+        "\n"
+        "[analytics]\n"
+        "enabled = false\n"
+        "\n"
+        "[features]\n"
+        "plugins = false\n"
     )
 
 
