@@ -200,8 +200,8 @@ class RequestLogAdmin(ReadOnlyAdmin):
     fieldsets = (
         ("Request", {"fields": ("request_id", "created_at", "tenant", "api_key", "model", "protocol", "endpoint",
                                 "stream")}),
-        ("Outcome", {"fields": ("status", "error_kind", "channel", "attempts", "upstream_status", "ttft_ms",
-                                "duration_ms")}),
+        ("Outcome", {"fields": ("status", "error_kind", "channel", "upstream_model", "provider_request_id",
+                                "attempts", "upstream_status", "ttft_ms", "duration_ms")}),
         ("Usage and charge", {"fields": ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
                                          "thinking_tokens", "usage_estimated", "prompt_chars", "sent_chars",
                                          "price_multiplier", "charge_usd", "settled_at")}),

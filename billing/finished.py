@@ -24,7 +24,9 @@ class Finished:
     api_key_id: int
     protocol: ApiName
     status: RequestStatus
-    model: str = ""
+    model: str = ""  # the public name
+    upstream_model: str = ""  # the name the serving channel was sent, if another
+    provider_request_id: str = ""
     stream: bool = False
     channel_id: int | None = None
     error_kind: str = ""

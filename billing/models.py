@@ -64,7 +64,10 @@ class RequestLog(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="request_logs")
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="request_logs", null=True)
-    model = models.CharField(max_length=200, blank=True)
+    model = models.CharField(max_length=200, blank=True)  # the public name (T4)
+    # The name the serving channel was sent, when an alias made it another.
+    upstream_model = models.CharField(max_length=200, blank=True)
+    provider_request_id = models.CharField(max_length=100, blank=True)
     channel = models.ForeignKey(Channel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     protocol = models.CharField(max_length=16)
     endpoint = models.CharField(max_length=32, blank=True)

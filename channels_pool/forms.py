@@ -18,13 +18,17 @@ class ChannelForm(forms.ModelForm):
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         help_text="The provider API key. Write-only.",
     )
-    served_models = ModelListField(help_text="Comma-separated model names this channel serves.")
+    served_models = ModelListField(
+        aliases=True,
+        help_text="Comma-separated model names this channel serves; public=upstream serves the public name by "
+                  "sending the upstream name to this channel.",
+    )
 
     class Meta:
         model = Channel
         fields = [
             "name", "protocol", "base_url", "secret", "served_models",
-            "priority", "weight", "max_concurrency", "enabled",
+            "priority", "weight", "max_concurrency", "enabled", "cross_protocol",
         ]
 
     def __init__(self, *args, **kwargs) -> None:

@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core.encryption import EncryptedTextField
+from core.model_names import split_alias
 from core.vocabulary import WireProtocol
 
 BASE_URL_MAX_LENGTH = 500
@@ -49,7 +50,7 @@ class ChannelQuerySet(models.QuerySet):
     def serving(self, model: str) -> list[Channel]:
         # Model lists are JSON arrays; containment lookups differ between
         # SQLite and PostgreSQL, and the channel table is small.
-        return [channel for channel in self if model in channel.served_models]
+        return [channel for channel in self if model in channel.model_map()]
 
 
 class Channel(models.Model):
@@ -65,11 +66,16 @@ class Channel(models.Model):
         validators=[MaxLengthValidator(SECRET_MAX_LENGTH)],
         help_text="The provider API key. Write-only; encrypted at rest.",
     )
+    # Entries are names or aliases, public=upstream (core.model_names).
     served_models = models.JSONField(default=list, help_text="Model names this channel serves")
     priority = models.IntegerField(default=0, help_text="Higher is tried first")
     weight = models.PositiveIntegerField(default=1, help_text="Share among channels of equal priority")
     max_concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty = no limit")
     enabled = models.BooleanField(default=True)
+    cross_protocol = models.BooleanField(
+        "serves other APIs", default=True,
+        help_text="Also serve clients of the other APIs, translated (off: only its own protocol's clients)",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     objects = ChannelQuerySet.as_manager()
@@ -92,6 +98,10 @@ class Channel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def model_map(self) -> dict[str, str]:
+        """Public model name -> the name this channel is sent."""
+        return dict(split_alias(entry) for entry in self.served_models or ())
 
 
 class ChannelHealth(models.Model):

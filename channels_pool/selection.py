@@ -1,7 +1,9 @@
 """Channel choice: the ordered candidates for one request.
 
-Enabled channels of the request's protocol that serve the model, higher
-priority first, weighted random order within a priority. The channel table
+Enabled channels of the protocols that can serve the request (its own, or
+any other through translation) that serve the model, higher priority first;
+within a priority, channels of the client's own protocol (byte-exact and
+cheapest) before those that need a translation; weighted random order within a priority. The channel table
 is read at most once per HOPBASE_CONFIG_TTL per process (core.snapshots);
 while the database is unreachable the last table known is used, for up to
 HOPBASE_STALE_MAX_AGE seconds.
@@ -10,6 +12,7 @@ HOPBASE_STALE_MAX_AGE seconds.
 from __future__ import annotations
 
 import random
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from channels_pool.models import Channel
@@ -23,10 +26,14 @@ class ChannelInfo:
     protocol: str
     base_url: str
     secret: str = field(repr=False)  # never in a log line or a debug page
-    models: frozenset[str]
+    models: Mapping[str, str] = field(hash=False)  # public name -> the name this channel is sent
     priority: int
     weight: int
     max_concurrency: int | None
+    cross_protocol: bool = True  # may serve clients of other protocols, translated
+
+    def upstream_model(self, model: str) -> str:
+        return self.models.get(model, model)
 
 
 def _load() -> list[ChannelInfo]:
@@ -37,19 +44,23 @@ def _load() -> list[ChannelInfo]:
             protocol=c.protocol,
             base_url=c.base_url,
             secret=c.secret,
-            models=frozenset(c.served_models or ()),
+            models=c.model_map(),
             priority=c.priority,
             weight=c.weight,
             max_concurrency=c.max_concurrency,
+            cross_protocol=c.cross_protocol,
         )
         for c in Channel.objects.enabled()
     ]
 
 
-def weighted_order(channels: list[ChannelInfo], rng: random.Random) -> list[ChannelInfo]:
-    """Priority groups in descending order, each shuffled by weight
-    (Efraimidis–Spirakis: sort by u ** (1 / weight))."""
-    return sorted(channels, key=lambda c: (-c.priority, -(rng.random() ** (1.0 / c.weight))))
+def weighted_order(channels: list[ChannelInfo], rng: random.Random, native: str = "") -> list[ChannelInfo]:
+    """Priority groups in descending order, the ``native`` protocol's first
+    within each, each shuffled by weight (Efraimidis–Spirakis: sort by
+    u ** (1 / weight))."""
+    return sorted(
+        channels, key=lambda c: (-c.priority, c.protocol != native, -(rng.random() ** (1.0 / c.weight)))
+    )
 
 
 class ChannelDirectory:
@@ -60,16 +71,21 @@ class ChannelDirectory:
     async def all(self) -> list[ChannelInfo]:
         return await self._snapshot.get()
 
-    async def candidates(self, protocol: str, model: str, pinned_id: int | None = None) -> list[ChannelInfo]:
-        channels = [c for c in await self.all() if c.protocol == protocol and model in c.models]
+    async def candidates(
+        self, protocols: Collection[str], model: str, pinned_id: int | None = None, native: str = ""
+    ) -> list[ChannelInfo]:
+        channels = [
+            c for c in await self.all()
+            if c.protocol in protocols and model in c.models and (c.cross_protocol or c.protocol == native)
+        ]
         if pinned_id is not None:
             # Affinity (P9): only the account holding the state can answer.
             return [c for c in channels if c.id == pinned_id]
-        return weighted_order(channels, self._rng)
+        return weighted_order(channels, self._rng, native)
 
-    async def models(self, protocol: str | None = None) -> list[str]:
-        names = {m for c in await self.all() if protocol is None or c.protocol == protocol for m in c.models}
-        return sorted(names)
+    async def models(self) -> list[str]:
+        """Every public model name some channel serves, whatever its protocol."""
+        return sorted({m for c in await self.all() for m in c.models})
 
     def clear(self) -> None:
         self._snapshot.clear()

@@ -226,7 +226,7 @@ async def list_models(call: Call, model: str | None = None) -> HttpResponse:
     api, caller = call.api, call.caller
     if call.request.method != "GET":
         return error_response(api, GatewayError(ErrorKind.METHOD_NOT_ALLOWED))
-    models = [m for m in await directory.models(api.wire) if caller.allows(m)]
+    models = [m for m in await directory.models() if caller.allows(m)]
     if model is None:
         body = api.models_body(models)
     elif model in models:

@@ -40,6 +40,8 @@ from hopbase.auth import Caller
 from hopbase.limits import POLL_SECONDS, Limits
 from hopbase.protocols.base import Api, Mark, RequestFacts
 from hopbase.run import DRAIN_RETRY_AFTER, STREAM_HEADERS, Committed, Drain, Reply, Run, error_reply
+from hopbase.translation.legs import Leg, Legs
+from hopbase.translation.neutral import CannotServe
 
 log = logging.getLogger("hopbase.relay")
 # The hold was cut short by a graceful drain's deadline (D1): no channel's fault.
@@ -110,12 +112,14 @@ class Relay:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
             pinned = await self._pinned(api, caller, facts)
-            candidates = self.board.arrange(await self.directory.candidates(api.wire, facts.model, pinned))
+            legs = Legs(api, facts, request_id)
+            found = await self.directory.candidates(legs.wires(), facts.model, pinned, native=api.wire)
+            candidates = self.board.arrange(found)
             if not candidates:
                 run.error_kind = ErrorKind.MODEL_NOT_FOUND.value
                 run.finish(RequestStatus.REJECTED)
                 return error_reply(api, GatewayError(ErrorKind.MODEL_NOT_FOUND))
-            committed = await self.hold(run, candidates)
+            committed = await self.hold(run, self._routes(legs, candidates))
         except GatewayError as error:
             run.error_kind = run.error_kind or error.kind.value
             run.finish(RequestStatus.FAILED if run.attempts else RequestStatus.REJECTED)
@@ -162,22 +166,38 @@ class Relay:
         message = f"The `{field}` given was not found."
         return GatewayError(ErrorKind.STATE_NOT_FOUND, message, param=api.state_field or None)
 
+    @staticmethod
+    def _routes(legs: Legs, candidates: list[ChannelInfo]) -> list[tuple[ChannelInfo, Leg]]:
+        """Each candidate with its leg; those whose protocol cannot express
+        the request are ruled out (T3), and if that is all of them the
+        request is refused naming the field."""
+        routes = []
+        refusal: CannotServe | None = None
+        for channel in candidates:
+            try:
+                routes.append((channel, legs.to(channel)))
+            except CannotServe as error:
+                refusal = refusal or error
+        if not routes and refusal is not None:
+            raise GatewayError(ErrorKind.MALFORMED, refusal.reason, param=refusal.field)
+        return routes
+
     # -- the hold (F1–F8) ------------------------------------------------
 
-    async def hold(self, run: Run, candidates: list[ChannelInfo]) -> Committed:
+    async def hold(self, run: Run, routes: list[tuple[ChannelInfo, Leg]]) -> Committed:
         """Try channels in order until one yields its first content token."""
         loop = asyncio.get_running_loop()
         hold_until = loop.time() + self.timings.hold_max
         failures: list[UpstreamFailure] = []
-        for index, channel in enumerate(candidates):
-            is_last = index == len(candidates) - 1
+        for index, (channel, leg) in enumerate(routes):
+            is_last = index == len(routes) - 1
             with ExitStack() as held:
                 if not await self._take_capacity(channel, may_wait=is_last, held=held):
                     failures.append(UpstreamFailure("capacity", busy=True))
                     self.meter.attempt(channel, "capacity")
                     continue
-                attempt = self._start_attempt(run, channel, held)
-                slow_start = self._slow_start_limit(run, is_last)
+                attempt = self._start_attempt(run, channel, leg, held)
+                slow_start = self._slow_start_limit(run, leg, is_last)
                 give_up_at = hold_until if slow_start is None else min(hold_until, loop.time() + slow_start)
                 outcome = await self._first_token(run, attempt, give_up_at, hold_until)
                 self.meter.attempt(channel, "ok" if isinstance(outcome, Committed) else outcome.kind)
@@ -200,19 +220,19 @@ class Relay:
         run.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
 
-    def _start_attempt(self, run: Run, channel: ChannelInfo, held: ExitStack) -> Attempt:
-        request = run.api.upstream_request(channel, run.facts, run.headers)
+    def _start_attempt(self, run: Run, channel: ChannelInfo, leg: Leg, held: ExitStack) -> Attempt:
+        request = leg.api.upstream_request(channel, leg.facts, run.headers)
         self.board.started(channel.id)
         held.callback(self.board.ended, channel.id)
         attempt = Attempt(
             self.http, channel, request.url, request.headers, request.content,
-            run.api.upstream_failure, whole_body=not run.api.upstream_streams,
+            leg.api.upstream_failure, whole_body=not leg.api.upstream_streams,
         )
         held.callback(attempt.end)
         self.drain.watch(attempt)
         held.callback(self.drain.unwatch, attempt)
         run.attempts += 1
-        run.channel, run.watcher = channel, run.api.new_watcher(run.facts)
+        run.channel, run.watcher, run.upstream_model = channel, leg.new_watcher(), leg.facts.model
         return attempt
 
     async def _first_token(
@@ -278,10 +298,10 @@ class Relay:
         held.callback(self.limits.release_channel, channel.id, channel.max_concurrency)
         return True
 
-    def _slow_start_limit(self, run: Run, is_last: bool) -> float | None:
-        """F3: a model that must start within a limit, unless this is the
-        last channel left."""
-        if is_last or not run.api.slow_start_applies(run.facts.model, run.facts):
+    def _slow_start_limit(self, run: Run, leg: Leg, is_last: bool) -> float | None:
+        """F3: a model that must start within a limit (by the name the
+        channel is sent), unless this is the last channel left."""
+        if is_last or not leg.api.slow_start_applies(leg.facts.model, leg.facts):
             return None
         per_10k = self.timings.first_token_per_10k * run.facts.prompt_tokens_estimate / 10_000
         return self.timings.first_token + per_10k

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
+# Where each provider names its request (kept on the request log).
+PROVIDER_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-goog-request-id")
 # What a request ended by a drain is told: another process will serve it.
 DRAIN_RETRY_AFTER = 1
 Status = RequestStatus
@@ -161,6 +163,7 @@ class Run:
         self.resources = ExitStack()
         self.attempts = 0
         self.channel: ChannelInfo | None = None
+        self.upstream_model = ""  # the model name the channel was sent (an alias's upstream name)
         self.watcher: StreamWatcher | None = None
         self.committed = False  # the request belongs to self.channel now (M1)
         # Set with the first content token: from then on the request is
@@ -338,6 +341,10 @@ class Run:
             # in its first events) is this tenant's, and on this channel.
             relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
 
+    def _provider_request_id(self) -> str:
+        found = self.attempt.response_headers if self.attempt is not None else None
+        return next((found[name] for name in PROVIDER_REQUEST_ID_HEADERS if name in found), "") if found else ""
+
     def _in_flight(self) -> Finished:
         """What is known of the stream so far, as a record its process's
         death would leave (billing.spool)."""
@@ -351,6 +358,8 @@ class Run:
             status,
             created_at=self.created_at,
             model=self.facts.model,
+            upstream_model=self.upstream_model,
+            provider_request_id=self._provider_request_id(),
             stream=self.facts.stream,
             channel_id=self.channel.id if self.channel else None,
             channel_name=self.channel.name if self.channel else "",

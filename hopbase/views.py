@@ -13,7 +13,7 @@ from billing.usage import parse_page, read_page
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import database_call
-from hopbase import intake, metrics, readiness
+from hopbase import counting, intake, metrics, readiness
 from hopbase.intake import Call, authorized
 from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
@@ -50,6 +50,16 @@ async def messages(call: Call) -> HttpResponse:
 async def gemini_generate(call: Call, version: str, model: str, action: str) -> HttpResponse:
     route = {"version": version, "model": model, "action": action, "alt": call.request.GET.get("alt", "")}
     return await intake.serve(call, route)
+
+
+@authorized(MESSAGES)
+async def messages_count_tokens(call: Call) -> HttpResponse:
+    return await counting.count_tokens(call, counting.ANTHROPIC_COUNTING)
+
+
+@authorized(GEMINI)
+async def gemini_count_tokens(call: Call, version: str, model: str) -> HttpResponse:
+    return await counting.count_tokens(call, counting.GEMINI_COUNTING, {"version": version, "model": model})
 
 
 @csrf_exempt

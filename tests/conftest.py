@@ -81,6 +81,18 @@ class World:
     channels: dict[str, int] = field(default_factory=dict)
 
 
+# Models served through one protocol's channels only, under an alias (issue 12):
+# public model -> [(channel protocol, suffix, directives, priority, upstream name)].
+# Every other client API reaches them translated.
+TRANSLATED: dict[str, list[tuple[str, str, str, int, str]]] = {
+    "via-openai": [("openai", "main", "ok", 0, "gpt-upstream")],
+    "via-anthropic": [("anthropic", "main", "ok", 0, "claude-upstream")],
+    "via-gemini": [("gemini", "main", "ok", 0, "gemini-upstream")],
+    "via-failover": [("anthropic", "bad", "status=529", 10, "claude-upstream"),
+                     ("gemini", "good", "ok", 0, "gemini-upstream")],
+}
+
+
 def channel_secret(protocol: str, directives: str) -> str:
     if directives == "ok-b":
         return "sk-upstream-b"  # an account of its own, told apart in the simulator's records
@@ -198,8 +210,20 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
                         secret=channel_secret(protocol, directives),
                         served_models=[model],
                         priority=priority,
+                        # These scenarios are each protocol's own; via-* below cross.
+                        cross_protocol=False,
                     )
                     built.channels[name] = channel.pk
+        for model, routes in TRANSLATED.items():
+            ModelPrice.objects.create(model=model, input_usd_per_mtok=Decimal("3"), output_usd_per_mtok=Decimal("15"),
+                                      cache_read_usd_per_mtok=Decimal("0.3"), cache_write_usd_per_mtok=Decimal("3.75"))
+            for protocol, suffix, directives, priority, upstream in routes:
+                name = f"{protocol}-{model}-{suffix}"
+                built.channels[name] = Channel.objects.create(
+                    name=name, protocol=protocol, base_url=channel_base_url(protocol, simulator, suffix),
+                    secret=channel_secret(protocol, directives), served_models=[f"{model}={upstream}"],
+                    priority=priority,
+                ).pk
         # One channel that takes one request at a time (F8).
         ModelPrice.objects.create(model="narrow-model", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("1"))
         narrow = Channel.objects.create(

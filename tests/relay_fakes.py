@@ -81,10 +81,12 @@ class Upstream:
     def __init__(self) -> None:
         self.channels: dict[str, ScriptedChannel] = {}
 
-    def channel(self, name: str, script: list | Answer, *, max_concurrency: int | None = None) -> ChannelInfo:
+    def channel(
+        self, name: str, script: list | Answer, *, max_concurrency: int | None = None, protocol: str = "openai"
+    ) -> ChannelInfo:
         info = ChannelInfo(
-            id=len(self.channels) + 1, name=name, protocol="any", base_url=f"http://{name}.test/v1",
-            secret=f"sk-{name}", models=frozenset({"any"}), priority=0, weight=1, max_concurrency=max_concurrency,
+            id=len(self.channels) + 1, name=name, protocol=protocol, base_url=f"http://{name}.test/v1",
+            secret=f"sk-{name}", models={"any": "any"}, priority=0, weight=1, max_concurrency=max_concurrency,
         )
         self.channels[name] = ScriptedChannel(info, script)
         return info
@@ -146,10 +148,11 @@ class FixedDirectory:
     def __init__(self, channels: list[ChannelInfo]) -> None:
         self.channels = channels
 
-    async def candidates(self, wire: str, model: str, pinned_id: int | None = None) -> list[ChannelInfo]:
+    async def candidates(self, wires, model: str, pinned_id: int | None = None, native: str = "") -> list[ChannelInfo]:
+        channels = [c for c in self.channels if c.protocol in wires]
         if pinned_id is not None:
-            return [c for c in self.channels if c.id == pinned_id]
-        return list(self.channels)
+            return [c for c in channels if c.id == pinned_id]
+        return channels
 
 
 FAST = Timings(keepalive=0.05, first_token=0.1, first_token_per_10k=0, hold_max=0.3, stall=0.15, capacity_wait=0.1)

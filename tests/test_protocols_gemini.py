@@ -189,7 +189,7 @@ def test_a_model_name_is_escaped_whole_into_the_upstream_url(model, path):
     from hopbase.protocols import GEMINI
 
     channel = ChannelInfo(id=1, name="g", protocol="gemini", base_url="https://gemini.test/prefix", secret="k",
-                          models=frozenset(), priority=0, weight=1, max_concurrency=None)
+                          models={}, priority=0, weight=1, max_concurrency=None)
     route = {"version": "v1beta", "model": model, "action": "streamGenerateContent"}
     facts = GEMINI.parse({"contents": []}, b'{"contents": []}', route)
     url = httpx.URL(GEMINI.upstream_request(channel, facts, {}).url)

@@ -20,10 +20,12 @@ pytestmark = pytest.mark.gateway
 # --------------------------------------------------------------------------- model lists (P5)
 
 
-def served_models(channel_protocol: str) -> list[str]:
-    """Every model a channel of this protocol serves: what a key for every model may list."""
-    names = {m for c in Channel.objects.filter(protocol=channel_protocol) for m in c.served_models}
-    assert {"sim-model", "claude-sim"} <= names
+def served_models() -> list[str]:
+    """Every public model name an enabled channel serves, whatever its
+    protocol (T1: any API reaches any channel): what a key for every model
+    may list, on every API."""
+    names = {m for c in Channel.objects.enabled() for m in c.model_map()}
+    assert {"sim-model", "claude-sim", "via-openai", "via-anthropic", "via-gemini"} <= names
     return sorted(names)
 
 
@@ -31,7 +33,7 @@ def test_it_lists_models_for_openai(oai, gateway, world, committed_db):
     raw = oai.models.with_raw_response.list()
     page = raw.parse()
     assert raw.headers["x-hopbase-request-id"].startswith("req_")
-    assert [m.id for m in page.data] == served_models("openai")
+    assert [m.id for m in page.data] == served_models()
     assert {m.object for m in page.data} == {"model"}
 
     limited = openai_client(gateway, world.limited_key).models.list()
@@ -42,7 +44,7 @@ def test_it_lists_models_for_anthropic(claude, gateway, world, committed_db):
     raw = claude.models.with_raw_response.list()
     page = raw.parse()
     assert raw.headers["x-hopbase-request-id"].startswith("req_")
-    assert [m.id for m in page.data] == served_models("anthropic")
+    assert [m.id for m in page.data] == served_models()
     assert {m.type for m in page.data} == {"model"}
     assert page.has_more is False
 
@@ -54,7 +56,7 @@ def test_it_lists_models_for_anthropic(claude, gateway, world, committed_db):
 def test_it_lists_models_for_gemini(gateway, world, committed_db, api_version):
     # Keep each client referenced: a collected genai client closes its transport.
     client = genai_client(gateway.url, world.key, api_version)
-    assert [m.name for m in client.models.list()] == [f"models/{m}" for m in served_models("gemini")]
+    assert [m.name for m in client.models.list()] == [f"models/{m}" for m in served_models()]
 
     limited = genai_client(gateway.url, world.limited_key, api_version)
     assert [m.name for m in limited.models.list()] == ["models/sim-model"]

@@ -172,8 +172,8 @@ def test_a_full_channel_is_skipped_for_the_next_one():
 
 def test_slow_start_moves_a_claude_request_without_thinking_to_the_next_channel():
     upstream = Upstream()
-    slow = upstream.channel("slow", anthropic_answer("late", pause_before_content=Hang()))
-    fast = upstream.channel("fast", anthropic_answer("Hi"))
+    slow = upstream.channel("slow", anthropic_answer("late", pause_before_content=Hang()), protocol="anthropic")
+    fast = upstream.channel("fast", anthropic_answer("Hi"), protocol="anthropic")
     bench = build(upstream, [slow, fast])
     body = {"model": "claude-test", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     chunks = run(read_all_of(bench, api=MESSAGES, body=body))
@@ -195,7 +195,7 @@ def test_slow_start_does_not_apply_with_thinking_or_to_other_models():
 
 def test_the_last_channel_left_is_waited_for():
     upstream = Upstream()
-    slow = upstream.channel("slow", anthropic_answer("late", pause_before_content=0.15))
+    slow = upstream.channel("slow", anthropic_answer("late", pause_before_content=0.15), protocol="anthropic")
     bench = build(upstream, [slow])
     body = {"model": "claude-test", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     chunks = run(read_all_of(bench, api=MESSAGES, body=body))

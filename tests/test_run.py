@@ -190,7 +190,7 @@ def cache_request():
 def test_a_gemini_cache_is_created_through_the_relay_and_pins_its_channel():
     upstream = Upstream()
     created = b'{"name": "cachedContents/abc", "usageMetadata": {"totalTokenCount": 42}}'
-    channel = upstream.channel("a", Answer(200, created))
+    channel = upstream.channel("a", Answer(200, created), protocol="gemini")
     bench = build(upstream, [channel])
     reply = asyncio.run(serve(bench, **cache_request()))
     assert (reply.status, reply.body) == (200, created)
@@ -202,8 +202,8 @@ def test_a_gemini_cache_is_created_through_the_relay_and_pins_its_channel():
 
 def test_a_channel_answering_a_cache_creation_with_no_cache_fails_over():
     upstream = Upstream()
-    broken = upstream.channel("broken", Answer(200, b"<html>oops</html>"))
-    good = upstream.channel("good", Answer(200, b'{"name": "cachedContents/ok"}'))
+    broken = upstream.channel("broken", Answer(200, b"<html>oops</html>"), protocol="gemini")
+    good = upstream.channel("good", Answer(200, b'{"name": "cachedContents/ok"}'), protocol="gemini")
     bench = build(upstream, [broken, good])
     reply = asyncio.run(serve(bench, **cache_request()))
     assert reply.status == 200

@@ -26,10 +26,11 @@ from channels_pool.simulator import wire
 from channels_pool.simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
 from channels_pool.simulator.records import Record
 from channels_pool.simulator.requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
+from channels_pool.simulator.side_endpoints import GEMINI_MODELS, SideEndpoints
 
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
-_GEMINI_MODELS = re.compile(r"/(v1|v1beta|v1alpha)/models")
 _GEMINI_CACHES = re.compile(r"/(v1|v1beta|v1alpha)/cachedContents")
+_GEMINI_COUNT = re.compile(r"/(v1|v1beta|v1alpha)/models/(.+):countTokens")
 
 ROUTES = {
     "/v1/chat/completions": "chat",
@@ -41,7 +42,7 @@ ROUTES = {
 # --------------------------------------------------------------------------- the server
 
 
-class Simulator:
+class Simulator(SideEndpoints):
     """The fake provider. ``await start(host, port)`` returns the bound port (0 picks one)."""
 
     def __init__(self) -> None:
@@ -141,10 +142,13 @@ class Simulator:
             protocol = "gemini"
             model = gemini.group(2).removeprefix("models/")
             stream = gemini.group(3) == "streamGenerateContent"
-        if method == "GET" and (path == "/v1/models" or _GEMINI_MODELS.fullmatch(path)):
+        if method == "GET" and (path == "/v1/models" or GEMINI_MODELS.fullmatch(path)):
             return await self._models(conn, request, record)
         if method == "POST" and _GEMINI_CACHES.fullmatch(path):
             return await self._cache(conn, request, record)
+        counted = _GEMINI_COUNT.fullmatch(path)
+        if method == "POST" and (counted or path == "/v1/messages/count_tokens"):
+            return await self._count(conn, request, record, counted.group(2) if counted else None)
         if protocol is None or method != "POST":
             missing = {"error": {"message": f"simulated upstream has no route for {method} {path}",
                                  "type": "not_found", "code": 404}}
@@ -209,50 +213,6 @@ class Simulator:
             record.status = status
             record.sent += body
         return request.keep_alive
-
-    async def _models(self, conn: Connection, request: Request, record: Record) -> bool:
-        headers = request.headers
-        if _GEMINI_MODELS.fullmatch(request.path) and request.path != "/v1/models":
-            flavour = "gemini"
-        elif "x-goog-api-key" in headers or "key" in request.query:
-            flavour = "gemini"
-        elif "anthropic-version" in headers:
-            flavour = "anthropic"
-        else:
-            flavour = "openai"
-        raw = gather_directives(api_key_of(headers, request.query), [], headers.get("x-sim"))
-        directives = Directives.from_raw(raw)
-        record.directives, record.tag = raw, directives.tag
-        if directives.status is not None:
-            protocol = {"openai": "chat"}.get(flavour, flavour)
-            return await self._json(conn, request, directives.status,
-                                    wire.error_body(protocol, directives.status, directives.reason), record)
-        record.completed = True
-        return await self._json(conn, request, 200, wire.models_list(flavour), record)
-
-    async def _cache(self, conn: Connection, request: Request, record: Record) -> bool:
-        """Gemini's cachedContents.create: a named cache of the given contents."""
-        try:
-            body = json.loads(request.body)
-        except (ValueError, UnicodeDecodeError):
-            body = None
-        if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            return await self._json(conn, request, 400, wire.error_body("gemini", 400), record)
-        texts = prompt_texts("gemini", body)
-        raw = gather_directives(api_key_of(request.headers, request.query), texts, request.headers.get("x-sim"))
-        record.protocol, record.body, record.directives = "gemini", body, raw
-        record.tag, record.model = Directives.from_raw(raw).tag, body["model"].removeprefix("models/")
-        record.completed = True
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        cache = {
-            "name": f"cachedContents/sim{record.id}",
-            "model": body["model"],
-            "createTime": now,
-            "updateTime": now,
-            "expireTime": now,
-            "usageMetadata": {"totalTokenCount": count_words(texts)},
-        }
-        return await self._json(conn, request, 200, cache, record)
 
     async def _whole(self, conn: Connection, request: Request, record: Record,
                      renderer: wire.Renderer, d: Directives) -> bool:

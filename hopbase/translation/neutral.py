@@ -237,22 +237,22 @@ Piece = TextDelta | ThinkingDelta | ThinkingSignature | RedactedThinking | ToolC
 
 # -- thinking state across protocols -----------------------------------------
 
-_SEAL = "hb1."
+SEAL_PREFIX = "hb1."
 
 
 def seal(origin: WireProtocol, signature: str) -> str:
     """A provider's thinking state, marked with its origin, for a client API
     of another protocol to hand back on its next turn."""
     payload = orjson.dumps({"o": origin.value, "s": signature})
-    return _SEAL + base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    return SEAL_PREFIX + base64.urlsafe_b64encode(payload).decode().rstrip("=")
 
 
 def unseal(value: str) -> tuple[WireProtocol, str] | None:
     """The origin and state inside ``seal``'s output; None for anything else
     (which is then the client API's own protocol's state)."""
-    if not value.startswith(_SEAL):
+    if not value.startswith(SEAL_PREFIX):
         return None
-    raw = value[len(_SEAL):]
+    raw = value[len(SEAL_PREFIX):]
     try:
         payload = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
         return WireProtocol(payload["o"]), str(payload["s"])

@@ -1,0 +1,115 @@
+"""How one request reaches each candidate channel: a *leg* per channel.
+
+The channel's protocol matches the client's: the request goes through as it
+is (only the model renamed for an alias) and the answer comes back byte for
+byte. Otherwise the request is decoded once into the neutral form, encoded
+for the channel's protocol, and the answer translated back event by event
+(``TranslatingWatcher``). Provider state (``previous_response_id``,
+``cachedContent``, Gemini cache creation) never leaves its own protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from channels_pool.selection import ChannelInfo
+from core.errors import GatewayError
+from core.vocabulary import ApiName, WireProtocol
+from hopbase.protocols import CHAT, GEMINI, MESSAGES
+from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
+from hopbase.translation import anthropic_request, chat_request, gemini_request, responses_request
+from hopbase.translation.anthropic_stream import AnthropicReader, AnthropicWriter
+from hopbase.translation.base import Reader, Writer
+from hopbase.translation.chat_stream import ChatReader, ChatWriter
+from hopbase.translation.gemini_stream import GeminiReader, GeminiWriter
+from hopbase.translation.neutral import CannotServe, Conversation
+from hopbase.translation.responses_stream import ResponsesWriter
+from hopbase.translation.sealed import unsealed
+from hopbase.translation.watcher import TranslatingWatcher
+
+DECODERS: dict[ApiName, Callable[[RequestFacts], Conversation]] = {
+    ApiName.CHAT: chat_request.decode,
+    ApiName.RESPONSES: responses_request.decode,
+    ApiName.MESSAGES: anthropic_request.decode,
+    ApiName.GEMINI: gemini_request.decode,
+}
+WRITERS: dict[ApiName, type[Writer]] = {
+    ApiName.CHAT: ChatWriter,
+    ApiName.RESPONSES: ResponsesWriter,
+    ApiName.MESSAGES: AnthropicWriter,
+    ApiName.GEMINI: GeminiWriter,
+}
+
+
+@dataclass(frozen=True)
+class ChannelSide:
+    """A wire protocol as a translation target: the Api that addresses its
+    channels (an ``openai`` channel is called with Chat Completions), its
+    encoder and its reader."""
+
+    api: Api
+    encode: Callable[[Conversation, str], RequestFacts]
+    reader: type[Reader]
+
+
+CHANNEL_SIDES: dict[str, ChannelSide] = {
+    WireProtocol.OPENAI: ChannelSide(CHAT, chat_request.encode, ChatReader),
+    WireProtocol.ANTHROPIC: ChannelSide(MESSAGES, anthropic_request.encode, AnthropicReader),
+    WireProtocol.GEMINI: ChannelSide(GEMINI, gemini_request.encode, GeminiReader),
+}
+ALL_WIRES = frozenset(CHANNEL_SIDES)
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One attempt's way to its channel: the Api that addresses the channel
+    (and reads its failures), the facts it is sent, and the watcher of its
+    answer (made fresh per attempt)."""
+
+    api: Api
+    facts: RequestFacts
+    new_watcher: Callable[[], StreamWatcher]
+
+
+class Legs:
+    """The legs of one request (its neutral form decoded at most once)."""
+
+    def __init__(self, api: Api, facts: RequestFacts, request_id: str) -> None:
+        self.api = api
+        self.facts = facts
+        self.request_id = request_id
+        self._conversation: Conversation | None = None
+
+    def wires(self) -> frozenset[str]:
+        """The channel protocols that may serve this request."""
+        if self.facts.affinity_key or self.api.name not in DECODERS or not self.api.upstream_streams:
+            return frozenset((self.api.wire,))
+        return ALL_WIRES
+
+    def to(self, channel: ChannelInfo) -> Leg:
+        """The leg to ``channel``; raises ``CannotServe`` when its protocol
+        cannot express the request."""
+        model = channel.upstream_model(self.facts.model)
+        if channel.protocol == self.api.wire:
+            facts = unsealed(self.api.name, self.api.with_model(self.facts, model))
+            return Leg(self.api, facts, lambda: self.api.new_watcher(facts))
+        side = CHANNEL_SIDES[channel.protocol]
+        facts = side.encode(self.conversation(), model)
+        writer = WRITERS[self.api.name]
+
+        def new_watcher() -> StreamWatcher:
+            channel_watcher = side.api.new_watcher(facts)
+            return TranslatingWatcher(channel_watcher, side.reader(), writer(self.facts, self.facts.model, self.request_id))
+
+        return Leg(side.api, facts, new_watcher)
+
+    def conversation(self) -> Conversation:
+        if self._conversation is None:
+            try:
+                self._conversation = DECODERS[self.api.name](self.facts)
+            except GatewayError as error:
+                # Unreadable for translation only: a channel of the client's
+                # own protocol may still take it as it is.
+                raise CannotServe(error.param or "body", error.message) from None
+        return self._conversation

@@ -1,0 +1,103 @@
+"""Thinking state sealed for another protocol, taken out of a request that
+goes through unchanged.
+
+A client served by a channel of another protocol gets that provider's
+thinking state sealed (``neutral.seal``) and sends it back on its next turn.
+If that turn is passed through to a channel of the client's own protocol,
+the provider would refuse state it did not make: state sealed from the
+client's own protocol is unsealed, any other is dropped, and the rest of the
+body is left alone. Only bodies that contain a seal are parsed again.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+from typing import Any
+
+from core.vocabulary import ApiName, WireProtocol
+from hopbase.protocols.base import RequestFacts, dumps
+from hopbase.translation.gemini_contents import opened_signature
+from hopbase.translation.neutral import SEAL_PREFIX, unseal
+
+SEAL_MARK = b'"' + SEAL_PREFIX.encode()
+# Gemini's SDK takes a thoughtSignature as base64 bytes, so a seal handed to
+# a Gemini client is base64 too (gemini_contents.sealed_signature).
+GEMINI_SEAL_MARK = b'"' + base64.urlsafe_b64encode(SEAL_PREFIX.encode())[:5]
+
+
+def _own(value: Any, wire: WireProtocol) -> str | None:
+    """The provider's own state inside a sealed value of ``wire``; None for
+    another protocol's (to drop). Unsealed values are returned as they are."""
+    if not isinstance(value, str) or not value.startswith(SEAL_PREFIX):
+        return value
+    opened = unseal(value)
+    return opened[1] if opened is not None and opened[0] == wire else None
+
+
+def _responses(body: dict[str, Any]) -> dict[str, Any]:
+    items = body.get("input")
+    if not isinstance(items, list):
+        return body
+    kept = []
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "reasoning" and "encrypted_content" in item:
+            state = _own(item["encrypted_content"], WireProtocol.OPENAI)
+            if state is None:
+                continue
+            item = {**item, "encrypted_content": state}
+        kept.append(item)
+    return {**body, "input": kept}
+
+
+def _messages(body: dict[str, Any]) -> dict[str, Any]:
+    messages = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            blocks = []
+            for block in content:
+                field = {"thinking": "signature", "redacted_thinking": "data"}.get(
+                    block.get("type") if isinstance(block, dict) else None)
+                if field is not None and field in block:
+                    state = _own(block[field], WireProtocol.ANTHROPIC)
+                    if state is None:
+                        continue
+                    block = {**block, field: state}
+                blocks.append(block)
+            message = {**message, "content": blocks}
+        messages.append(message)
+    return {**body, "messages": messages}
+
+
+def _gemini(body: dict[str, Any]) -> dict[str, Any]:
+    contents = []
+    for content in body.get("contents") or ():
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if isinstance(parts, list):
+            cleaned = []
+            for part in parts:
+                if isinstance(part, dict):
+                    for key in ("thoughtSignature", "thought_signature"):
+                        if isinstance(part.get(key), str):
+                            opened = opened_signature(part[key])
+                            part = {k: v for k, v in part.items() if k != key}
+                            if opened.origin == WireProtocol.GEMINI and not opened.redacted and opened.signature:
+                                part[key] = opened.signature
+                cleaned.append(part)
+            content = {**content, "parts": cleaned}
+        contents.append(content)
+    return {**body, "contents": contents}
+
+
+CLEANERS = {ApiName.RESPONSES: _responses, ApiName.MESSAGES: _messages, ApiName.GEMINI: _gemini}
+
+
+def unsealed(api: ApiName, facts: RequestFacts) -> RequestFacts:
+    """``facts`` without thinking state sealed from another protocol."""
+    clean = CLEANERS.get(api)
+    raw = facts.raw_body
+    if clean is None or (SEAL_MARK not in raw and GEMINI_SEAL_MARK not in raw) or not isinstance(facts.body, dict):
+        return facts
+    body = clean(facts.body)
+    return replace(facts, body=body, raw_body=dumps(body))

@@ -1,0 +1,203 @@
+"""Any client API to any channel (issue 12, T1–T4), through the official SDKs
+against a running gateway and the simulator as every provider.
+
+Each public model ``via-P`` is served only by a channel of protocol P, under
+an alias (the simulator records the upstream name). Every client API asks
+each of them, streaming and not: pass-through where the protocols match,
+translated otherwise, and the SDK sees the same answer either way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.protocol_checks import TOOL_ARGUMENTS, TOOL_NAME, new_tag, prompt, upstream_record, wait_for_log, words
+from tests.relay_checks import stream_errors
+from tests.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask
+
+pytestmark = pytest.mark.gateway
+
+PAIRS = [(api, wire) for api in CLIENT_APIS for wire in CHANNEL_PROTOCOLS]
+UPSTREAM = {"openai": "gpt-upstream", "anthropic": "claude-upstream", "gemini": "gemini-upstream"}
+UPSTREAM_PATH = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages",
+                 "gemini": "/v1beta/models/gemini-upstream:streamGenerateContent"}
+
+
+def pair_id(pair) -> str:
+    return "{}->{}".format(*pair)
+
+
+def check_logged(world, answer, api: str, wire: str, model: str, *, output: int, attempts: int = 1):
+    log = wait_for_log(answer.request_id)
+    assert (log.status, log.protocol, log.model, log.attempts) == ("completed", api, model, attempts)
+    assert log.channel_id == world.channels[f"{wire}-{model}-{'main' if attempts == 1 else 'good'}"]
+    assert log.upstream_model == UPSTREAM[wire]
+    assert log.output_tokens == output and log.usage_estimated is False
+    return log
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_text_answers_cross_every_pair(gateway, world, sim_records, committed_db, pair, stream):
+    api, wire = pair
+    model, tag = f"via-{wire}", new_tag()
+    text = prompt(tag, tokens=5)
+
+    answer = ask(gateway, world.key, api, model, text, stream=stream)
+
+    assert len(answer.text.split()) == 5 and answer.stop == "end"
+    assert (answer.input_tokens, answer.output_tokens) == (words(text), 5)
+    record = upstream_record(sim_records, tag)
+    passes_through = NATIVE[api] == wire
+    assert record["protocol"] == ("responses" if passes_through and api == "responses" else
+                                  {"openai": "chat"}.get(wire, wire))
+    # T4: the channel is sent the upstream name; a translated answer names the public one.
+    assert record["model"] == UPSTREAM[wire]
+    assert answer.model in ((UPSTREAM[wire], f"models/{UPSTREAM[wire]}") if passes_through else (model,))
+    log = check_logged(world, answer, api, wire, model, output=5)
+    assert log.input_tokens == words(text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_tool_calls_cross_every_pair(gateway, world, sim_records, committed_db, pair, stream):
+    api, wire = pair
+    model, tag = f"via-{wire}", new_tag()
+    text = prompt(tag, tokens=0, tool=1)
+
+    answer = ask(gateway, world.key, api, model, text, stream=stream, tool=True)
+
+    assert answer.tool_calls == [(TOOL_NAME, TOOL_ARGUMENTS)]
+    assert answer.stop == "tool"
+    sent = upstream_record(sim_records, tag)["body"]
+    # The tool's definition reached the channel in its own protocol's shape.
+    assert TOOL_NAME in json.dumps(sent.get("tools"))
+    check_logged(world, answer, api, wire, model, output=0)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_thinking_crosses_every_pair(gateway, world, sim_records, committed_db, pair):
+    api, wire = pair
+    model, tag = f"via-{wire}", new_tag()
+    text = prompt(tag, tokens=3, thinking=4)
+
+    answer = ask(gateway, world.key, api, model, text, stream=True, thinking=True)
+
+    assert len(answer.text.split()) == 3
+    assert len(answer.thinking.split()) == 4
+    assert answer.output_tokens == 7
+    check_logged(world, answer, api, wire, model, output=7)
+
+
+@pytest.mark.parametrize("api", CLIENT_APIS)
+def test_a_busy_channel_of_one_protocol_fails_over_to_another(gateway, world, sim_records, committed_db, api):
+    tag = new_tag()
+    text = prompt(tag, tokens=4)
+
+    answer = ask(gateway, world.key, api, "via-failover", text, stream=True)
+
+    assert len(answer.text.split()) == 4 and answer.stop == "end"
+    protocols = sorted(r["protocol"] for r in sim_records(tag))
+    assert protocols == ["anthropic", "gemini"]
+    check_logged(world, answer, api, "gemini", "via-failover", output=4, attempts=2)
+
+
+STREAM_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def raw_stream(gateway, key: str, api: str, model: str, text: str) -> httpx.Response:
+    if api == "gemini":
+        return httpx.post(f"{gateway.url}/v1beta/models/{model}:streamGenerateContent?alt=sse",
+                          headers={"x-goog-api-key": key}, timeout=20,
+                          json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
+    body: dict = {"model": model, "stream": True}
+    if api == "responses":
+        body["input"] = text
+    else:
+        body["messages"] = [{"role": "user", "content": text}]
+        body["max_tokens"] = 64
+    headers = {"authorization": f"Bearer {key}"} if api != "messages" else {"x-api-key": key,
+                                                                            "anthropic-version": "2023-06-01"}
+    return httpx.post(f"{gateway.url}{STREAM_PATHS[api]}", headers=headers, json=body, timeout=20)
+
+
+TERMINALS = {"chat": b"[DONE]", "responses": b"response.completed", "messages": b"message_stop",
+             "gemini": b"finishReason"}
+
+
+@pytest.mark.parametrize("pair", [p for p in PAIRS if NATIVE[p[0]] != p[1]], ids=pair_id)
+def test_a_translated_stream_cut_mid_way_ends_with_the_callers_error_event(gateway, world, committed_db, pair):
+    api, wire = pair
+    tag = new_tag()
+
+    response = raw_stream(gateway, world.key, api, f"via-{wire}", prompt(tag, tokens=8, error_after=3))
+
+    assert response.status_code == 200
+    errors = stream_errors(response.content)
+    assert len(errors) == 1, response.content
+    assert TERMINALS[api] not in response.content.split(b"error")[-1]
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert log.status == "interrupted" and log.model == f"via-{wire}"
+
+
+@pytest.mark.parametrize("pair", [p for p in PAIRS if NATIVE[p[0]] != p[1]], ids=pair_id)
+def test_a_slow_translated_stream_gets_keepalives_then_a_stall_error(gateway, world, committed_db, pair):
+    api, wire = pair
+    tag = new_tag()
+
+    response = raw_stream(gateway, world.key, api, f"via-{wire}", prompt(tag, tokens=6, stall_after=2))
+
+    assert response.status_code == 200
+    keepalive = b"\n\n\n" if api == "gemini" else b": hopbase-keepalive"
+    assert keepalive in response.content
+    assert len(stream_errors(response.content)) == 1
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert log.status == "stalled"
+
+
+@pytest.mark.parametrize("api", ["messages", "gemini"])
+@pytest.mark.parametrize("wire", CHANNEL_PROTOCOLS)
+def test_count_tokens_asks_the_serving_provider_or_estimates(gateway, world, sim_records, api, wire):
+    tag = new_tag()
+    text = prompt(tag)
+    model = f"via-{wire}"
+    if api == "messages":
+        response = httpx.post(f"{gateway.url}/v1/messages/count_tokens", timeout=20,
+                              headers={"x-api-key": world.key, "anthropic-version": "2023-06-01"},
+                              json={"model": model, "messages": [{"role": "user", "content": text}]})
+        counted = response.json()["input_tokens"]
+    else:
+        response = httpx.post(f"{gateway.url}/v1beta/models/{model}:countTokens", timeout=20,
+                              headers={"x-goog-api-key": world.key},
+                              json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
+        counted = response.json()["totalTokens"]
+    assert response.status_code == 200
+    if wire == "openai":
+        # No counting endpoint for Chat Completions: estimated from characters.
+        assert response.headers["x-hopbase-estimated"] == "true"
+        assert counted == -(-len(text) // 4)
+    else:
+        assert "x-hopbase-estimated" not in response.headers
+        assert counted == words(text)
+        (record,) = sim_records(tag)
+        assert record["protocol"] == wire and record["model"] == UPSTREAM[wire]
+
+
+def test_a_field_no_channel_can_serve_is_refused_naming_it(gateway, world):
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"authorization": f"Bearer {world.key}"},
+                          json={"model": "via-anthropic", "n": 2, "messages": [{"role": "user", "content": "hi"}]},
+                          timeout=20)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "n")
+
+
+def test_every_model_is_listed_whatever_protocol_serves_it(gateway, world):
+    listed = httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {world.key}"}, timeout=20)
+    names = {entry["id"] for entry in listed.json()["data"]}
+    assert {"via-openai", "via-anthropic", "via-gemini"} <= names
+    gemini = httpx.get(f"{gateway.url}/v1beta/models", headers={"x-goog-api-key": world.key}, timeout=20)
+    assert "models/via-anthropic" in {entry["name"] for entry in gemini.json()["models"]}
