@@ -36,6 +36,11 @@ class Event:
 
     def _parse(self) -> bytes:
         raw = self.raw
+        if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw[-1] == 0x0A and b"\r" not in raw:
+            # Most events: one "data: ..." line and a blank one.
+            self._name = None
+            self._data = data_line = raw[6:-2]
+            return data_line
         name: str | None = None
         data: list[bytes] = []
         for line in raw.split(b"\n") if b"\r" not in raw else _LINE_BREAK.split(raw):
