@@ -5,11 +5,20 @@ pinned in tests/clients (``npm ci --prefix tests/clients``; .ci/run does it,
 and so does this module when they are missing), each run as a process with a
 private home and only the settings the README documents, plus those that
 keep it offline: no login, no telemetry, no update check, no network but the
-gateway's port. Each must print the simulator's answer; the simulator must
-have received every upstream call in the serving channel's protocol, with the
-channel's secret and the upstream model name; and the gateway must have
-logged exactly one request per upstream call, under the client's API, the
-public model name, the serving channel and the simulator's exact usage.
+gateway's port. Each client is served by a channel of its own protocol
+(pass-through) and by one of the other (translated, under a model alias):
+Claude Code through an ``openai`` channel (Chat Completions upstream), Codex
+through an ``anthropic`` one.
+
+Each run is two turns, the second continuing the first's session
+(``claude -p --continue``, ``codex exec resume --last``). On both the client
+must print the simulator's answer; the simulator must have received every
+upstream call in the channel's protocol, with the channel's secret and the
+upstream model name; the thinking the first turn produced must come back on
+the second as the channel's own state when the channel made it, and not at
+all otherwise; and the gateway must have logged exactly one request per
+upstream call, under the client's API, the public model name, the serving
+channel and the simulator's exact usage.
 
 Skipped only where node or npm is missing; in CI (``CI`` set) that is an
 error instead, as CI installs both.
@@ -17,12 +26,15 @@ error instead, as CI installs both.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -31,6 +43,7 @@ import httpx
 import pytest
 
 from channels_pool.simulator.requests import count_words, prompt_texts
+from channels_pool.simulator.wire.common import THINKING_WORDS
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
 from tests.processes import ROOT, Service, start_gateway
 from tests.simulator_harness import expected_text
@@ -38,13 +51,13 @@ from tests.simulator_harness import expected_text
 CLIENTS = ROOT / "tests" / "clients"
 CLAUDE = CLIENTS / "node_modules" / ".bin" / "claude"
 CODEX = CLIENTS / "node_modules" / ".bin" / "codex"
-# Written after an install from the lock, and compared with it: .ci/run's check too.
+# Written after an install from the lock, and compared with it (.ci/run's check too).
 STAMP = CLIENTS / "node_modules" / ".hopbase-lock"
 NODE, NPM = shutil.which("node"), shutil.which("npm")
 MISSING = "needs node and npm to install Claude Code and Codex CLI (tests/clients): apt-get install -y nodejs npm"
 
 if os.environ.get("CI") and not (NODE and NPM):
-    raise RuntimeError(f"CI must run the real-client tests, but this machine {MISSING[0].lower()}{MISSING[1:]}")
+    raise RuntimeError(f"CI must run the real-client tests, but this machine {MISSING}")
 
 pytestmark = [
     pytest.mark.gateway,
@@ -53,9 +66,11 @@ pytestmark = [
 ]
 
 CLIENT_TIMEOUT = 90  # seconds for one whole client run (a few seconds when all is well)
-ANSWER = expected_text(12)  # the simulator's default answer: 12 words of TEXT_WORDS
-ANSWER_TOKENS = 12
-# Channel protocol -> (path the simulator is called on, the protocol its records name, auth header).
+THINKING = 4  # thinking tokens the simulator answers with, before its text
+ANSWER_TOKENS = 12  # the simulator's default answer: 12 words of TEXT_WORDS
+ANSWER = expected_text(ANSWER_TOKENS)
+THOUGHT = expected_text(THINKING, THINKING_WORDS)
+# (channel protocol, client API) -> the path the simulator is called on, and its name for the protocol.
 UPSTREAM = {
     ("anthropic", "messages"): ("/v1/messages", "anthropic"),
     ("anthropic", "responses"): ("/v1/messages", "anthropic"),
@@ -63,22 +78,35 @@ UPSTREAM = {
     ("openai", "messages"): ("/v1/chat/completions", "chat"),
     ("openai", "responses"): ("/v1/responses", "responses"),
 }
+# client -> (its API as RequestLog.protocol names it, its own channel protocol, the other one)
+CLIENTS_APIS = {
+    "claude-code": ("messages", "anthropic", "openai"),
+    "codex": ("responses", "openai", "anthropic"),
+}
+
+
+def prompt(tag: str) -> str:
+    return f"Say something cheerful [sim tag={tag} thinking={THINKING}]"
 
 
 @dataclass(frozen=True)
 class Route:
     """A model served to one client by one channel: the public name the
-    client asks for, the name the channel is sent (an alias when they differ)."""
+    client asks for, and the name the channel is sent (an alias when translated)."""
 
+    client_api: str
     public_model: str
     upstream_model: str
     channel_protocol: str  # openai or anthropic
     channel_name: str
     channel_secret: str  # told apart in the simulator's records
 
-    def entry(self) -> str:
-        # As `addchannel --models` and the admin write a channel's models.
-        return self.public_model if self.public_model == self.upstream_model else f"{self.public_model}={self.upstream_model}"
+    @property
+    def models(self) -> str:
+        # As `addchannel --models` takes them.
+        if self.public_model == self.upstream_model:
+            return self.public_model
+        return f"{self.public_model}={self.upstream_model}"
 
 
 @dataclass
@@ -104,43 +132,33 @@ def install_clients() -> None:
     STAMP.write_bytes(lock)
 
 
-# Each client, through a channel of its own protocol (pass-through) and of the other (translated).
-CLIENT_ROUTES = {
-    # client: (its API as RequestLog.protocol names it, [channel protocols])
-    "claude-code": ("messages", ["anthropic"]),
-    "codex": ("responses", ["openai"]),
-}
-
-
 @pytest.fixture(scope="module")
 def rig(django_db_setup, django_db_blocker, simulator):
     from django.conf import settings
+    from django.core.management import call_command
 
     from billing.ledger import top_up
     from billing.models import ModelPrice
-    from channels_pool.models import Channel
     from hopbase.models import Tenant
 
     install_clients()
     run = uuid.uuid4().hex[:8]
     routes: dict[tuple[str, str], Route] = {}
-    for client, (_, protocols) in CLIENT_ROUTES.items():
-        for protocol in protocols:
+    for client, (api, own, other) in CLIENTS_APIS.items():
+        for protocol in (own, other):
             public = f"{client}-via-{protocol}-{run}"
-            # Translated routes use an alias: the upstream name is one its own provider would use.
-            upstream = public if protocol == native_channel(client) else f"sim-{protocol}-{client}-{run}"
-            routes[client, protocol] = Route(public, upstream, protocol, f"real-{public}", f"sk-real-{public}")
+            # Translated: under an alias, as a provider of the channel's protocol would name its model.
+            upstream = public if protocol == own else f"sim-{protocol}-for-{client}-{run}"
+            routes[client, protocol] = Route(api, public, upstream, protocol, f"real-{public}", f"sk-real-{public}")
     with django_db_blocker.unblock():
         tenant = Tenant.objects.create(name=f"real-clients-{run}")
         top_up(tenant, Decimal(100))
         for each in routes.values():
             ModelPrice.objects.create(model=each.public_model, input_usd_per_mtok=Decimal(3),
                                       output_usd_per_mtok=Decimal(15))
-            Channel.objects.create(
-                name=each.channel_name, protocol=each.channel_protocol,
-                base_url=simulator.url + "/v1" if each.channel_protocol == "openai" else simulator.url,
-                secret=each.channel_secret, served_models=[each.entry()],
-            )
+            base_url = simulator.url + "/v1" if each.channel_protocol == "openai" else simulator.url
+            call_command("addchannel", each.channel_name, protocol=each.channel_protocol, base_url=base_url,
+                         api_key=each.channel_secret, models=each.models, stdout=io.StringIO())
     env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url_for_subprocess()}
     # Claude Code sends its whole tool catalogue with every request: far more
     # than the small body limit the other gateway tests use (the default then).
@@ -150,10 +168,6 @@ def rig(django_db_setup, django_db_blocker, simulator):
     gateway = start_gateway(env)
     yield Rig(gateway, simulator, tenant.pk, routes)
     gateway.stop()
-
-
-def native_channel(client: str) -> str:
-    return "anthropic" if client == "claude-code" else "openai"
 
 
 def new_key(rig: Rig) -> tuple[int, str]:
@@ -192,7 +206,8 @@ class Outcome:
     stderr: str
 
     def __str__(self) -> str:
-        return f"{' '.join(self.args[:2])} …: exit {self.returncode}\n--- stdout:\n{self.stdout}\n--- stderr:\n{self.stderr[-6000:]}"
+        return (f"{' '.join(self.args[:3])} …: exit {self.returncode}\n--- stdout:\n{self.stdout}\n"
+                f"--- stderr:\n{self.stderr[-6000:]}")
 
 
 def run_client(args: list[str], env: dict[str, str], cwd: Path) -> Outcome:
@@ -202,7 +217,9 @@ def run_client(args: list[str], env: dict[str, str], cwd: Path) -> Outcome:
                               check=False, timeout=CLIENT_TIMEOUT)
     except subprocess.TimeoutExpired as expired:  # the child is killed by then
         out, err = (expired.stdout or b"").decode(errors="replace"), (expired.stderr or b"").decode(errors="replace")
-        raise AssertionError(f"{args[0]} did not finish within {CLIENT_TIMEOUT} s\n--- stdout:\n{out}\n--- stderr:\n{err[-6000:]}") from None
+        raise AssertionError(
+            f"{args[0]} did not finish within {CLIENT_TIMEOUT} s\n--- stdout:\n{out}\n--- stderr:\n{err[-6000:]}"
+        ) from None
     return Outcome(args, done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
 
 
@@ -212,6 +229,72 @@ def run_client(args: list[str], env: dict[str, str], cwd: Path) -> Outcome:
 def upstream_calls(rig: Rig, route: Route, since: float) -> list[dict]:
     records = httpx.get(f"{rig.simulator.url}/_sim/records", timeout=10).json()
     return [r for r in records if r["api_key"] == route.channel_secret and r["started_at"] >= since]
+
+
+def sent_events(call: dict) -> Iterator[dict]:
+    """The JSON of each SSE event the simulator sent for a call."""
+    for line in base64.b64decode(call["sent_b64"]).decode(errors="replace").splitlines():
+        if line.startswith("data:"):
+            try:
+                yield json.loads(line[5:])
+            except ValueError:
+                continue  # [DONE]
+
+
+def check_turn(rig: Rig, route: Route, key: str, tag: str, since: float, outcome: Outcome) -> tuple[list[dict], dict]:
+    """The client printed the answer; every upstream call it caused went in
+    the channel's protocol, on its path, with its secret and the upstream
+    model name. Returns them, and the one that carried this turn's prompt."""
+    assert outcome.returncode == 0, str(outcome)
+    assert outcome.stdout.strip() == ANSWER, str(outcome)
+    calls = upstream_calls(rig, route, since)
+    assert calls, f"nothing reached the simulator\n{outcome}"
+    path, protocol = UPSTREAM[route.channel_protocol, route.client_api]
+    for call in calls:
+        summary = {k: call[k] for k in ("method", "path", "protocol", "model", "stream", "status", "tag")}
+        assert (call["method"], call["path"], call["protocol"]) == ("POST", path, protocol), summary
+        assert call["model"] == route.upstream_model, summary
+        assert call["status"] == 200 and call["completed"] and call["stream"], summary
+        headers = call["headers"]
+        if route.channel_protocol == "openai":
+            assert headers.get("authorization") == f"Bearer {route.channel_secret}" and "x-api-key" not in headers
+        else:
+            assert headers.get("x-api-key") == route.channel_secret and "authorization" not in headers
+        assert key not in json.dumps(call), "the client's HopBase key went upstream"
+    prompted = [call for call in calls if call["tag"] == tag]
+    assert len(prompted) == 1, f"calls carrying [sim tag={tag}]: {[c['tag'] for c in calls]}\n{outcome}"
+    return calls, prompted[0]
+
+
+def check_thinking_came_back(route: Route, first: dict, second: dict) -> None:
+    """The second turn hands back the first turn's thinking: as the
+    channel's own state when the channel made it (pass-through, or sealed by
+    the gateway on the way out and opened on the way back), not at all when
+    the channel's protocol has no such thing (Chat Completions)."""
+    body = second["body"]
+    if second["protocol"] == "anthropic":
+        signatures = [e["delta"]["signature"] for e in sent_events(first)
+                      if e.get("type") == "content_block_delta" and e["delta"].get("type") == "signature_delta"]
+        assert len(signatures) == 1, signatures
+        blocks = [block for message in body["messages"] if message["role"] == "assistant"
+                  and isinstance(message["content"], list) for block in message["content"]]
+        thinking = [block for block in blocks if block.get("type") == "thinking"]
+        assert thinking == [{"type": "thinking", "thinking": THOUGHT, "signature": signatures[0]}], blocks
+    elif second["protocol"] == "responses":
+        reasoning_ids = [e["item"]["id"] for e in sent_events(first)
+                         if e.get("type") == "response.output_item.done" and e["item"]["type"] == "reasoning"]
+        assert len(reasoning_ids) == 1, reasoning_ids
+        handed_back = [item for item in body["input"] if item.get("type") == "reasoning"]
+        assert [item["id"] for item in handed_back] == reasoning_ids, handed_back
+        assert handed_back[0]["summary"] == [{"type": "summary_text", "text": THOUGHT}], handed_back
+    else:  # chat: nothing to hand back, and nothing of another provider's state
+        assistant = [message for message in body["messages"] if message["role"] == "assistant"]
+        assert len(assistant) == 1, body["messages"]
+        content = assistant[0]["content"]
+        text = content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
+        assert text == ANSWER, assistant
+        sent = json.dumps(body)
+        assert "signature" not in sent and "hb1." not in sent and THOUGHT not in sent, assistant
 
 
 def logs_of(key_id: int, count: int, timeout: float = 10.0) -> list:
@@ -226,47 +309,28 @@ def logs_of(key_id: int, count: int, timeout: float = 10.0) -> list:
     return list(RequestLog.objects.select_related("channel").filter(api_key_id=key_id).order_by("created_at"))
 
 
-def check_upstream(rig: Rig, route: Route, client_api: str, key: str, tag: str, since: float, outcome: Outcome) -> list[dict]:
-    """Every upstream call the client caused: in the channel's protocol, on
-    its path, with its secret and the upstream model name; one carrying the prompt."""
-    calls = upstream_calls(rig, route, since)
-    assert calls, f"nothing reached the simulator\n{outcome}"
-    path, protocol = UPSTREAM[route.channel_protocol, client_api]
-    for call in calls:
-        summary = {k: call[k] for k in ("method", "path", "protocol", "model", "stream", "status", "tag")}
-        assert (call["method"], call["path"], call["protocol"]) == ("POST", path, protocol), summary
-        assert call["model"] == route.upstream_model, summary
-        assert call["status"] == 200 and call["completed"], summary
-        headers = call["headers"]
-        if route.channel_protocol == "openai":
-            assert headers.get("authorization") == f"Bearer {route.channel_secret}" and "x-api-key" not in headers
-        else:
-            assert headers.get("x-api-key") == route.channel_secret and "authorization" not in headers
-        assert key not in json.dumps(call), "the client's HopBase key went upstream"
-    prompted = [call for call in calls if call["tag"] == tag]
-    assert prompted, f"no upstream call carried the prompt [sim tag={tag}]: {[c['tag'] for c in calls]}"
-    return calls
-
-
-def check_logs(rig: Rig, route: Route, client_api: str, key_id: int, calls: list[dict]) -> None:
+def check_logs(route: Route, key_id: int, calls: list[dict]) -> None:
     """Exactly one request log per upstream call: the client's API, the
-    public model, the serving channel, and the usage the simulator reported."""
+    public model (and the upstream one beside it when an alias made it
+    another), the serving channel, and the usage the simulator reported."""
     logs = logs_of(key_id, len(calls))
-    described = [(row.request_id, row.protocol, row.model, row.status, row.channel_id, row.attempts) for row in logs]
+    described = [(row.request_id, row.protocol, row.model, row.upstream_model, row.status, row.channel_id,
+                  row.attempts, row.input_tokens, row.output_tokens, row.thinking_tokens) for row in logs]
     assert len(logs) == len(calls), f"{len(calls)} upstream calls, {len(logs)} request logs: {described}"
-    expected_inputs = sorted(count_words(prompt_texts(call["protocol"], call["body"])) for call in calls)
+    aliased = route.upstream_model if route.upstream_model != route.public_model else ""
+    # Thinking is inside the output either way; only OpenAI's usage counts it apart.
+    thinking = THINKING if route.channel_protocol == "openai" else 0
     for row in logs:
-        assert row.status == "completed", described
-        assert row.protocol == client_api, described
-        assert row.model == route.public_model, described
+        assert (row.status, row.protocol, row.model, row.upstream_model) == (
+            "completed", route.client_api, route.public_model, aliased), described
         assert row.channel is not None and row.channel.name == route.channel_name, described
-        assert row.attempts == 1, described
-        assert row.usage_estimated is False, described
-        assert (row.output_tokens, row.cache_read_tokens, row.cache_write_tokens) == (ANSWER_TOKENS, 0, 0), described
-        if hasattr(row, "upstream_model") and route.upstream_model != route.public_model:
-            assert row.upstream_model == route.upstream_model, described
+        assert row.attempts == 1 and row.stream is True and row.usage_estimated is False, described
+        assert row.provider_request_id, described
+        assert (row.output_tokens, row.thinking_tokens) == (ANSWER_TOKENS + THINKING, thinking), described
+        assert (row.cache_read_tokens, row.cache_write_tokens) == (0, 0), described
+    # The simulator counts one word of prompt text as one input token.
+    expected_inputs = sorted(count_words(prompt_texts(call["protocol"], call["body"])) for call in calls)
     assert sorted(row.input_tokens for row in logs) == expected_inputs, described
-    assert sorted(row.stream for row in logs) == sorted(call["stream"] for call in calls), described
 
 
 # --------------------------------------------------------------------------- Claude Code
@@ -292,32 +356,44 @@ def claude_env(rig: Rig, route: Route, key: str, home: Path) -> dict[str, str]:
     )
 
 
-@pytest.mark.parametrize("channel", CLIENT_ROUTES["claude-code"][1])
-def test_claude_code_prints_the_answer(rig, tmp_path, channel):
+@pytest.mark.parametrize("channel", ["anthropic", "openai"])
+def test_claude_code_answers_and_continues(rig, tmp_path, channel):
     route = rig.route("claude-code", channel)
     key_id, key = new_key(rig)
-    tag = "cc" + uuid.uuid4().hex[:10]
+    env, project = claude_env(rig, route, key, tmp_path / "home"), tmp_path / "project"
+    first_tag, second_tag = ("cc" + uuid.uuid4().hex[:10] for _ in range(2))
+
     since = time.time()
-    outcome = run_client(
-        [str(CLAUDE), "-p", f"Say something cheerful [sim tag={tag}]", "--output-format", "text"],
-        claude_env(rig, route, key, tmp_path / "home"), tmp_path / "project",
-    )
-    assert outcome.returncode == 0, str(outcome)
-    assert outcome.stdout.strip() == ANSWER, str(outcome)
-    calls = check_upstream(rig, route, "messages", key, tag, since, outcome)
-    check_logs(rig, route, "messages", key_id, calls)
+    outcome = run_client([str(CLAUDE), "-p", prompt(first_tag), "--output-format", "text"], env, project)
+    first_calls, first = check_turn(rig, route, key, first_tag, since, outcome)
+
+    since = time.time()
+    outcome = run_client([str(CLAUDE), "-p", "--continue", prompt(second_tag), "--output-format", "text"], env, project)
+    second_calls, second = check_turn(rig, route, key, second_tag, since, outcome)
+
+    check_thinking_came_back(route, first, second)
+    check_logs(route, key_id, first_calls + second_calls)
 
 
 # --------------------------------------------------------------------------- Codex CLI
 
 
-def codex_config(rig: Rig, route: Route) -> str:
+def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
     """The README's ~/.codex/config.toml, on this gateway's port, and what
     keeps Codex offline: without the last two tables it calls ab.chatgpt.com
     (analytics), github.com, api.github.com and chatgpt.com (plugins)."""
+    top = ""
+    agents = ""
+    if route.channel_protocol == "anthropic" and not default_tools:
+        # Tools only OpenAI's Responses API knows (a hosted web search, a
+        # `namespace` of sub-agent tools) are refused for an Anthropic
+        # channel: off, as the README says for Codex on a Claude channel.
+        top = 'web_search = "disabled"\n'
+        agents = "\n[agents]\nenabled = false\n"
     return (
         f'model = "{route.public_model}"\n'
         'model_provider = "hopbase"\n'
+        f"{top}"
         "\n"
         "[model_providers.hopbase]\n"
         'name = "HopBase"\n'
@@ -332,27 +408,60 @@ def codex_config(rig: Rig, route: Route) -> str:
         "\n"
         "[features]\n"
         "plugins = false\n"
+        f"{agents}"
     )
 
 
-@pytest.mark.parametrize("channel", CLIENT_ROUTES["codex"][1])
-def test_codex_exec_prints_the_answer(rig, tmp_path, channel):
-    route = rig.route("codex", channel)
-    key_id, key = new_key(rig)
-    tag = "cx" + uuid.uuid4().hex[:10]
+def codex_exec(rig: Rig, route: Route, key: str, tmp_path: Path, *args: str, default_tools: bool = False) -> Outcome:
     codex_home = tmp_path / "codex-home"
-    codex_home.mkdir()
-    (codex_home / "config.toml").write_text(codex_config(rig, route))
+    codex_home.mkdir(exist_ok=True)
+    (codex_home / "config.toml").write_text(codex_config(rig, route, default_tools))
     last = tmp_path / "last-message.txt"
-    since = time.time()
+    last.unlink(missing_ok=True)
     outcome = run_client(
-        [str(CODEX), "exec", "--skip-git-repo-check", "--color", "never", "--output-last-message", str(last),
-         f"Say something cheerful [sim tag={tag}]"],
+        [str(CODEX), "exec", "--skip-git-repo-check", "--color", "never", "--output-last-message", str(last), *args],
         private_env(tmp_path / "home", CODEX_HOME=str(codex_home), HOPBASE_API_KEY=key),
         tmp_path / "project",
     )
-    assert outcome.returncode == 0, str(outcome)
-    assert outcome.stdout.strip() == ANSWER, str(outcome)  # exec prints only the final message on stdout
-    assert last.read_text().strip() == ANSWER, str(outcome)
-    calls = check_upstream(rig, route, "responses", key, tag, since, outcome)
-    check_logs(rig, route, "responses", key_id, calls)
+    if outcome.returncode == 0:  # stdout holds the final message only; the file must agree
+        assert last.read_text().strip() == ANSWER, str(outcome)
+    return outcome
+
+
+@pytest.mark.parametrize("channel", ["openai", "anthropic"])
+def test_codex_exec_answers_and_resumes(rig, tmp_path, channel):
+    route = rig.route("codex", channel)
+    key_id, key = new_key(rig)
+    first_tag, second_tag = ("cx" + uuid.uuid4().hex[:10] for _ in range(2))
+
+    since = time.time()
+    outcome = codex_exec(rig, route, key, tmp_path, prompt(first_tag))
+    first_calls, first = check_turn(rig, route, key, first_tag, since, outcome)
+
+    since = time.time()
+    outcome = codex_exec(rig, route, key, tmp_path, "resume", "--last", prompt(second_tag))
+    second_calls, second = check_turn(rig, route, key, second_tag, since, outcome)
+
+    check_thinking_came_back(route, first, second)
+    check_logs(route, key_id, first_calls + second_calls)
+
+
+# What a Codex with its default configuration is told by an Anthropic channel today.
+DEFAULT_TOOLS_REFUSED = "`tools` cannot be served by any channel for this model."
+
+
+def test_codex_exec_with_its_default_tools_through_an_anthropic_channel(rig, tmp_path):
+    route = rig.route("codex", "anthropic")
+    _, key = new_key(rig)
+    tag = "cx" + uuid.uuid4().hex[:10]
+    since = time.time()
+    outcome = codex_exec(rig, route, key, tmp_path, prompt(tag), default_tools=True)
+    if outcome.returncode != 0 and DEFAULT_TOOLS_REFUSED in outcome.stderr:
+        # Known (issue 12); any other failure fails, and once served this is an ordinary test.
+        pytest.xfail(
+            "Codex 0.171's default tools include a `namespace` (multi_agent_v1: spawn_agent, send_input, "
+            "wait_agent, resume_agent, close_agent, all plain functions) and `web_search` (external_web_access "
+            "false); hopbase/translation/responses_request.py refuses every tool type but function and custom, "
+            "so an Anthropic channel answers 400 " + DEFAULT_TOOLS_REFUSED
+        )
+    check_turn(rig, route, key, tag, since, outcome)
