@@ -215,7 +215,7 @@ async def serve(bench, api, body, route=None):
 )
 def test_another_tenants_state_is_refused_before_any_channel_is_called(api, request_, expected):
     upstream = Upstream()
-    channel = upstream.channel("a", Answer(200, b"{}"))
+    channel = upstream.channel("a", Answer(200, b"{}"), protocol=api.wire)
     bench = build(upstream, [channel])
     bench.relay.affinity.remember("resp_theirs", THEIRS, channel.id)
     reply = asyncio.run(serve(bench, request_.get("api", api), request_["body"], request_.get("route")))
@@ -243,8 +243,8 @@ def test_the_refusal_in_anthropics_format_is_not_found_error():
 def test_a_providers_404_about_a_named_id_is_the_requests_fault_not_the_channels(settings, api, request_, answer):
     settings.HOPBASE_BREAKER_FAILURES = 1
     upstream = Upstream()
-    first = upstream.channel("first", answer)
-    second = upstream.channel("second", answer)
+    first = upstream.channel("first", answer, protocol=api.wire)
+    second = upstream.channel("second", answer, protocol=api.wire)
     bench = build(upstream, [first, second])
 
     async def scenario() -> list[int]:

@@ -201,3 +201,74 @@ def test_every_model_is_listed_whatever_protocol_serves_it(gateway, world):
     assert {"via-openai", "via-anthropic", "via-gemini"} <= names
     gemini = httpx.get(f"{gateway.url}/v1beta/models", headers={"x-goog-api-key": world.key}, timeout=20)
     assert "models/via-anthropic" in {entry["name"] for entry in gemini.json()["models"]}
+
+
+CALL_ID = "call_7"
+RESULT = "18 degrees and sunny"
+
+
+def second_turn(api: str, model: str, text: str) -> tuple[str, dict, dict]:
+    """A conversation's second turn, in the client API's own shape: the
+    user's question, the model's call of the weather tool, the tool's result."""
+    args = json.dumps(TOOL_ARGUMENTS)
+    if api == "chat":
+        return "/v1/chat/completions", {"authorization": "Bearer {key}"}, {"model": model, "messages": [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": CALL_ID, "type": "function", "function": {"name": TOOL_NAME, "arguments": args}}]},
+            {"role": "tool", "tool_call_id": CALL_ID, "content": RESULT}]}
+    if api == "responses":
+        return "/v1/responses", {"authorization": "Bearer {key}"}, {"model": model, "input": [
+            {"role": "user", "content": text},
+            {"type": "function_call", "call_id": CALL_ID, "name": TOOL_NAME, "arguments": args},
+            {"type": "function_call_output", "call_id": CALL_ID, "output": RESULT}]}
+    if api == "messages":
+        return "/v1/messages", {"x-api-key": "{key}", "anthropic-version": "2023-06-01"}, {
+            "model": model, "max_tokens": 64, "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": CALL_ID, "name": TOOL_NAME, "input": TOOL_ARGUMENTS}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": CALL_ID, "content": RESULT}]}]}
+    return f"/v1beta/models/{model}:generateContent", {"x-goog-api-key": "{key}"}, {"contents": [
+        {"role": "user", "parts": [{"text": text}]},
+        {"role": "model", "parts": [{"functionCall": {"name": TOOL_NAME, "args": TOOL_ARGUMENTS}}]},
+        {"role": "user", "parts": [{"functionResponse": {"name": TOOL_NAME, "response": {"result": RESULT}}}]}]}
+
+
+def tool_result_sent(wire: str, body: dict) -> tuple[str, str]:
+    """(the called tool's name, the result) as the channel's protocol carries them."""
+    if "input" in body:  # a Responses client on an OpenAI channel: passed through
+        (call,) = [i for i in body["input"] if i.get("type") == "function_call"]
+        (result,) = [i for i in body["input"] if i.get("type") == "function_call_output"]
+        assert result["call_id"] == call["call_id"]
+        return call["name"], json.dumps(result["output"])
+    if wire == "openai":
+        (call,) = [c for m in body["messages"] for c in m.get("tool_calls") or ()]
+        (result,) = [m for m in body["messages"] if m["role"] == "tool"]
+        assert result["tool_call_id"] == call["id"]
+        return call["function"]["name"], json.dumps(result["content"])
+    if wire == "anthropic":
+        blocks = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]]
+        (use,) = [b for b in blocks if b["type"] == "tool_use"]
+        (result,) = [b for b in blocks if b["type"] == "tool_result"]
+        assert result["tool_use_id"] == use["id"]
+        return use["name"], json.dumps(result["content"])
+    parts = [p for c in body["contents"] for p in c["parts"]]
+    (call,) = [p["functionCall"] for p in parts if "functionCall" in p]
+    (result,) = [p["functionResponse"] for p in parts if "functionResponse" in p]
+    assert result["name"] == call["name"]
+    return call["name"], json.dumps(result["response"])
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=pair_id)
+def test_a_tool_result_turn_reaches_the_channel_in_its_own_shape(gateway, world, sim_records, committed_db, pair):
+    api, wire = pair
+    tag = new_tag()
+    path, headers, body = second_turn(api, f"via-{wire}", prompt(tag, tokens=4))
+    headers = {name: value.format(key=world.key) for name, value in headers.items()}
+
+    response = httpx.post(gateway.url + path, headers=headers, json=body, timeout=20)
+
+    assert response.status_code == 200, response.text
+    name, result = tool_result_sent(wire, upstream_record(sim_records, tag)["body"])
+    assert name == TOOL_NAME and RESULT in result
