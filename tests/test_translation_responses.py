@@ -230,7 +230,7 @@ def test_it_drops_fields_that_only_tune():
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools"),
     ({"tools": [WEATHER, {"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
@@ -377,6 +377,34 @@ def test_it_ends_incomplete_when_the_answer_was_cut(reason, detail):
         assert (response.status, response.incomplete_details.reason) == ("incomplete", detail)
         assert response.output_text == "Once upon"
         assert response.output[0].status == "incomplete"
+
+
+def test_an_optional_web_search_is_dropped_and_namespaced_tools_are_offered_flat():
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {}}}
+    conversation = decoded(input=[
+        {"role": "user", "content": "Go"},
+        {"type": "function_call", "namespace": "agents", "name": "spawn_agent", "call_id": "c1", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "spawned"},
+    ], tools=[WEATHER, {"type": "web_search", "external_web_access": False},
+              {"type": "namespace", "name": "agents", "description": "Sub-agents", "tools": [spawn]}])
+
+    assert conversation.untranslatable == []
+    assert [tool.name for tool in conversation.tools] == ["get_weather", "agents__spawn_agent"]
+    assert conversation.messages[1].parts[0].name == "agents__spawn_agent"
+
+
+def test_a_call_of_a_namespaced_tool_names_its_namespace():
+    gateway = Gateway([ToolCallStart(0, "call_3", "agents__spawn_agent"), ToolArguments(0, '{"task":"x"}'),
+                       Stop(StopReason.TOOL_USE)])
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {}}}
+    tools = [{"type": "namespace", "name": "agents", "description": "Sub-agents", "tools": [spawn]}]
+
+    with gateway.client().responses.stream(model="gpt-public", input="Go", tools=tools) as stream:
+        final = stream.get_final_response()
+
+    (call,) = final.output
+    assert (call.type, call.namespace, call.name, call.arguments) == ("function_call", "agents", "spawn_agent",
+                                                                      '{"task":"x"}')
 
 
 def test_it_answers_a_freeform_tool_with_a_custom_tool_call():

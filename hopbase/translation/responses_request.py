@@ -115,10 +115,12 @@ def _item(item: dict[str, Any], conversation: Conversation) -> tuple[str, list[P
         arguments = item.get("arguments") or "{}"
         if not isinstance(arguments, str):
             arguments = dumps(arguments).decode()
-        return "assistant", [ToolCall(_string(item, "call_id"), _string(item, "name"), arguments)]
+        name = flat_name(item.get("namespace"), _string(item, "name"))
+        return "assistant", [ToolCall(_string(item, "call_id"), name, arguments)]
     if kind == "custom_tool_call":
         arguments = dumps({"input": item.get("input") or ""}).decode()
-        return "assistant", [ToolCall(_string(item, "call_id"), _string(item, "name"), arguments)]
+        name = flat_name(item.get("namespace"), _string(item, "name"))
+        return "assistant", [ToolCall(_string(item, "call_id"), name, arguments)]
     if kind in ("function_call_output", "custom_tool_call_output"):
         return "user", [ToolResult(_string(item, "call_id"), _content(item.get("output") or "", conversation))]
     if kind == "reasoning":
@@ -175,6 +177,29 @@ def _thinking(item: dict[str, Any]) -> Thinking:
 # -- tools and options -------------------------------------------------------
 
 
+# Hosted tools a model may use or not: without them it answers unsearched,
+# the nearest equivalent (Codex offers web search by default).
+OPTIONAL_HOSTED_TOOLS = {"web_search", "web_search_preview", "web_search_2025_08_26"}
+# A namespaced tool (``{"type": "namespace", "name": "crm", "tools": […]}``)
+# is offered to other protocols as one flat name, ``crm__lookup``.
+NAMESPACE_SEPARATOR = "__"
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def namespaced_tools(tools: Any) -> dict[str, tuple[str, str, str]]:
+    """Flat name -> (namespace, name, tool type) of a request's namespaced tools."""
+    found = {}
+    for group in tools if isinstance(tools, list) else ():
+        if isinstance(group, dict) and group.get("type") == "namespace" and isinstance(group.get("name"), str):
+            for tool in group.get("tools") or ():
+                if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                    found[flat_name(group["name"], tool["name"])] = (group["name"], tool["name"], tool.get("type"))
+    return found
+
+
 def _tools(value: Any, conversation: Conversation) -> list[Tool]:
     if value is None:
         return []
@@ -183,13 +208,19 @@ def _tools(value: Any, conversation: Conversation) -> list[Tool]:
     tools = []
     for tool in value:
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind == "function":
+        if kind == "namespace":
+            inner = [dict(t, name=flat_name(_string(tool, "name"), _string(t, "name")))
+                     for t in tool.get("tools") or () if isinstance(t, dict)]
+            tools += _tools(inner, conversation)
+        elif kind == "function":
             parameters = tool.get("parameters") or {"type": "object", "properties": {}}
             tools.append(Tool(_string(tool, "name"), tool.get("description") or "", parameters))
         elif kind == "custom":
             tools.append(Tool(_string(tool, "name"), tool.get("description") or "", CUSTOM_TOOL_PARAMETERS))
+        elif kind in OPTIONAL_HOSTED_TOOLS:
+            continue
         elif isinstance(kind, str):
-            # web_search, file_search, code_interpreter, mcp, local_shell…: OpenAI runs them.
+            # file_search, code_interpreter, mcp, local_shell…: OpenAI runs them.
             _refuse(conversation, "tools")
         else:
             raise GatewayError(ErrorKind.MALFORMED, "Every tool needs a `type`.", param="tools")
@@ -205,7 +236,7 @@ def _tool_choice(value: Any, conversation: Conversation) -> ToolChoice | None:
         raise GatewayError(ErrorKind.MALFORMED, "`tool_choice` is not one the API knows.", param="tool_choice")
     kind = value.get("type")
     if kind in ("function", "custom"):
-        return ToolChoice("tool", _string(value, "name"))
+        return ToolChoice("tool", flat_name(value.get("namespace"), _string(value, "name")))
     if kind == "allowed_tools":
         # Nearest equivalent: offer only the allowed tools.
         allowed = {tool.get("name") for tool in value.get("tools") or () if isinstance(tool, dict)}

@@ -41,7 +41,7 @@ from hopbase.translation.neutral import (
     ToolCallStart,
     seal,
 )
-from hopbase.translation.responses_request import REDACTED
+from hopbase.translation.responses_request import REDACTED, namespaced_tools
 
 INCOMPLETE = {StopReason.LENGTH: "max_output_tokens", StopReason.CONTENT_FILTER: "content_filter"}
 
@@ -99,9 +99,10 @@ class ResponsesWriter(Writer):
         self.reasoning: _Item | None = None
         self.tools: dict[int, _Item] = {}  # open calls by the pieces' tool index
         tools = facts.body.get("tools")
+        self.namespaced = namespaced_tools(tools)
         self.custom_tools = {
             tool.get("name") for tool in tools or () if isinstance(tool, dict) and tool.get("type") == "custom"
-        }
+        } | {flat for flat, (_, _, kind) in self.namespaced.items() if kind == "custom"}
         self.base = self._base_response()
 
     # -- the stream ------------------------------------------------------------
@@ -311,14 +312,17 @@ class ResponsesWriter(Writer):
         self._close_tool(piece.index, out)
         call_id = piece.call_id or f"call_{self.stem}_{piece.index}"
         index = len(self.output)
+        # A namespaced tool's call names its namespace and its own name.
+        namespace, name, _ = self.namespaced.get(piece.name, (None, piece.name, None))
+        named = {"name": name, "namespace": namespace} if namespace else {"name": name}
         if piece.name in self.custom_tools:
             item = {"id": f"ctc_{self.stem}_{index}", "type": "custom_tool_call", "status": "in_progress",
-                    "call_id": call_id, "name": piece.name, "input": ""}
+                    "call_id": call_id, **named, "input": ""}
             self._add(item, out)
             self.tools[piece.index] = _Item(index, item, custom=True)
             return
         item = {"id": f"fc_{self.stem}_{index}", "type": "function_call", "status": "in_progress",
-                "arguments": "", "call_id": call_id, "name": piece.name}
+                "arguments": "", "call_id": call_id, **named}
         self._add(item, out)
         fields = {"item_id": item["id"], "output_index": index}
         self.tools[piece.index] = _Item(index, item, _delta_prefix("response.function_call_arguments.delta", fields))
