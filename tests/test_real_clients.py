@@ -446,22 +446,12 @@ def test_codex_exec_answers_and_resumes(rig, tmp_path, channel):
     check_logs(route, key_id, first_calls + second_calls)
 
 
-# What a Codex with its default configuration is told by an Anthropic channel today.
-DEFAULT_TOOLS_REFUSED = "`tools` cannot be served by any channel for this model."
-
-
 def test_codex_exec_with_its_default_tools_through_an_anthropic_channel(rig, tmp_path):
+    """Codex's default tools include a namespace of sub-agent functions and
+    web search: the first are offered flat, the second dropped (issue 12)."""
     route = rig.route("codex", "anthropic")
     _, key = new_key(rig)
     tag = "cx" + uuid.uuid4().hex[:10]
     since = time.time()
     outcome = codex_exec(rig, route, key, tmp_path, prompt(tag), default_tools=True)
-    if outcome.returncode != 0 and DEFAULT_TOOLS_REFUSED in outcome.stderr:
-        # Known (issue 12); any other failure fails, and once served this is an ordinary test.
-        pytest.xfail(
-            "Codex 0.171's default tools include a `namespace` (multi_agent_v1: spawn_agent, send_input, "
-            "wait_agent, resume_agent, close_agent, all plain functions) and `web_search` (external_web_access "
-            "false); hopbase/translation/responses_request.py refuses every tool type but function and custom, "
-            "so an Anthropic channel answers 400 " + DEFAULT_TOOLS_REFUSED
-        )
     check_turn(rig, route, key, tag, since, outcome)
