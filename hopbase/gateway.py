@@ -37,4 +37,5 @@ def relay() -> Relay:
             drain=Drain(lifecycle.drain_deadline, lifecycle.drain_signal),
             meter=PrometheusMeter(),
         )
+        lifecycle.process.close_when_drained(built.http.aclose)
     return built

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -70,6 +70,21 @@ class Lifecycle:
         self.deadline: float | None = None
         self._open: set[asyncio.Task[None]] = set()
         self._signals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event] = weakref.WeakKeyDictionary()
+        # What to close once drained, on the loop that made it (hopbase.gateway's HTTP clients).
+        self._closers: list[tuple[asyncio.AbstractEventLoop, Callable[[], Awaitable[None]]]] = []
+
+    def close_when_drained(self, close: Callable[[], Awaitable[None]]) -> None:
+        """Call ``close()`` at the end of the drain, on the running loop
+        (an aiohttp session left open says so in the log at exit)."""
+        self._closers.append((asyncio.get_running_loop(), close))
+
+    async def close_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        for owner, close in [item for item in self._closers if item[0] is loop]:
+            try:
+                await close()
+            except Exception:
+                log.exception("closing %r at the end of the drain failed", close)
 
     @property
     def draining(self) -> bool:
@@ -203,6 +218,7 @@ def install(lifecycle: Lifecycle = process) -> None:
         try:
             await lifecycle.drained()
             await written_out(reactor)
+            await lifecycle.close_all()
         except Exception:
             log.exception("drain failed")
 

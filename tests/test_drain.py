@@ -270,6 +270,8 @@ def test_sigterm_with_nothing_in_flight_exits_at_once(world):
         gateway.process.send_signal(signal.SIGTERM)
         assert wait_for_exit(gateway.process) == 0
         assert time.monotonic() - signalled < 5
+        # The upstream client's aiohttp session was closed, not left to the exit.
+        assert "Unclosed client session" not in gateway.log_path.read_text()
     finally:
         stop_for_good(gateway)
 
