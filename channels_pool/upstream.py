@@ -166,6 +166,7 @@ class Attempt:
         # cleans up under shielded anyio scopes, and a bare task cancellation
         # interrupts that cleanup, leaking the pooled connection.
         self._scope = anyio.CancelScope()
+        self._timer: asyncio.TimerHandle | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(http, url, headers, content))
 
     async def _pump(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
@@ -227,12 +228,21 @@ class Attempt:
             if timeout <= 0:
                 return Signal.TIMEOUT
             loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            # One timer serves many waits: the reader's deadlines (keep-alive,
+            # stall) move later with every event, so a timer due no later
+            # than this one is kept, and its early TIMEOUT is one more the
+            # reader already allows for (it looks at its clocks and waits
+            # again), instead of a timer made and cancelled per chunk.
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._timer_fired)
             self._wake = wake = loop.create_future()
-            timer = loop.call_later(timeout, _set_if_waiting, wake)
             try:
                 await wake
             finally:
-                timer.cancel()
                 self._wake = None
             if not self._items:
                 return Signal.TIMEOUT
@@ -259,6 +269,10 @@ class Attempt:
                 return rest[0]
         return item
 
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.wake()
+
     def wake(self) -> None:
         """End a ``next()`` that is waiting, early (it returns TIMEOUT): the
         reader has something else to look at, such as a drain deadline."""
@@ -273,6 +287,9 @@ class Attempt:
         """Let go of the channel: after the terminal event, let the pump read
         the body's end so the connection goes back to the pool (hanging up if
         it has not within a few seconds); otherwise hang up at once."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task.done():
             return
         if self.completed:

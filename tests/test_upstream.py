@@ -91,3 +91,26 @@ def test_end_hangs_up_unless_the_attempt_completed(completed, closed):
         return upstream["a"].closed  # a completed one is read to its end, within a grace period
 
     assert asyncio.run(scenario()) == closed
+
+
+def test_a_shorter_wait_is_honoured_after_a_longer_one_and_timers_are_not_made_per_wait():
+    upstream = Upstream()
+    upstream.channel("a", [b"data: 1\n\n", b"data: 2\n\n", Hang()])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(30) is Signal.OPENED
+        assert isinstance(await attempt.next(30), Event)
+        timer = attempt._timer
+        assert isinstance(await attempt.next(29), Event)
+        assert attempt._timer is timer  # the one due earlier is kept
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await attempt.next(0.05) is Signal.TIMEOUT  # re-armed sooner
+        waited = loop.time() - started
+        attempt.end()
+        return waited, attempt._timer
+
+    waited, timer = asyncio.run(scenario())
+    assert waited < 5
+    assert timer is None  # ending the attempt lets its timer go
