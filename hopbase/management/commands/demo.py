@@ -18,9 +18,11 @@ DEMO_MODELS = {
     "anthropic": ["claude-sonnet-5-5", "claude-haiku-5-5"],
     "gemini": ["gemini-2.5-flash"],
 }
-# Served first by a channel that always answers 529 (its key tells the
-# simulator so), then by a healthy one: failover to watch out of the box.
+# Served first by an Anthropic channel that always answers 529 (its key
+# tells the simulator so), then by a healthy channel of each protocol:
+# failover, across protocols for the OpenAI and Gemini SDKs, out of the box.
 FAILOVER_MODEL = "failover-demo"
+FLAKY_PROTOCOL = "anthropic"
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
 
 SNIPPET = """
@@ -47,8 +49,13 @@ Google GenAI SDK:
     client = genai.Client(api_key="{secret}", http_options={{"base_url": "{gateway}", "api_version": "v1beta"}})
     print(client.models.generate_content(model="gemini-2.5-flash", contents="Hello").text)
 
+Any SDK reaches any model: ask the OpenAI SDK for "claude-sonnet-5-5" (an
+Anthropic channel, translated both ways) or the Anthropic SDK for
+"gpt-4o-mini".
+
 Watch failover: ask for model "{failover}" with any SDK. Its first channel
-always answers 529; HopBase moves to the next before anything reaches you,
+(Anthropic) always answers 529; HopBase moves to the next before anything
+reaches you, translating if it must,
 and after a few failures the breaker skips the bad channel for a while. The
 admin shows both: each request log's attempts and channel, and the
 channels' health.
@@ -88,13 +95,17 @@ class Command(BaseCommand):
                 name=f"demo-{protocol}",
                 defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": models},
             )
-            Channel.objects.update_or_create(
-                name=f"demo-{protocol}-flaky",
-                defaults={
-                    "protocol": protocol, "base_url": base_url, "secret": "sim:status=529",
-                    "served_models": [FAILOVER_MODEL], "priority": 10,
-                },
-            )
+            if protocol == FLAKY_PROTOCOL:
+                Channel.objects.update_or_create(
+                    name=f"demo-{protocol}-flaky",
+                    defaults={
+                        "protocol": protocol, "base_url": base_url, "secret": "sim:status=529",
+                        "served_models": [FAILOVER_MODEL], "priority": 10,
+                    },
+                )
+            else:
+                # A demo set up before translation had one of these per protocol.
+                Channel.objects.filter(name=f"demo-{protocol}-flaky").delete()
             Channel.objects.update_or_create(
                 name=f"demo-{protocol}-steady",
                 defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": [FAILOVER_MODEL]},
