@@ -82,11 +82,12 @@ class Upstream:
         self.channels: dict[str, ScriptedChannel] = {}
 
     def channel(
-        self, name: str, script: list | Answer, *, max_concurrency: int | None = None, protocol: str = "openai"
+        self, name: str, script: list | Answer, *, max_concurrency: int | None = None, protocol: str = "openai",
+        upstream_model: str = "any",
     ) -> ChannelInfo:
         info = ChannelInfo(
             id=len(self.channels) + 1, name=name, protocol=protocol, base_url=f"http://{name}.test/v1",
-            secret=f"sk-{name}", models={"any": "any"}, priority=0, weight=1, max_concurrency=max_concurrency,
+            secret=f"sk-{name}", models={"any": upstream_model}, priority=0, weight=1, max_concurrency=max_concurrency,
         )
         self.channels[name] = ScriptedChannel(info, script)
         return info

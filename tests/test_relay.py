@@ -184,6 +184,21 @@ def test_slow_start_moves_a_claude_request_without_thinking_to_the_next_channel(
     assert upstream["slow"].closed == 1
 
 
+def test_slow_start_judges_each_channel_by_the_model_name_it_is_sent():
+    upstream = Upstream()
+    # A Chat client's model, served by an Anthropic channel as a Claude model (T4, F3).
+    slow = upstream.channel("slow", anthropic_answer("late", pause_before_content=Hang()), protocol="anthropic",
+                            upstream_model="claude-upstream")
+    fast = upstream.channel("fast", chat_answer("Hi"))
+    bench = build(upstream, [slow, fast])
+    chunks = run(read_all_of(bench, body=chat_body(model="any")))
+    assert b'"content":"Hi"' in b"".join(chunks).replace(b" ", b"")
+    sent = json.loads(upstream["slow"].requests[0].content)
+    assert (upstream["slow"].requests[0].url.path, sent["model"]) == ("/v1/v1/messages", "claude-upstream")
+    assert (bench.recorder.only.attempts, bench.recorder.only.model) == (2, "any")
+    assert bench.board._breakers[slow.id].last_error_kind == "slow_start"
+
+
 def test_slow_start_does_not_apply_with_thinking_or_to_other_models():
     body = {"model": "claude-test", "max_tokens": 10, "stream": True, "messages": [{"role": "user", "content": "hi"}],
             "thinking": {"type": "enabled", "budget_tokens": 1024}}

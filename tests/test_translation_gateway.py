@@ -10,6 +10,7 @@ translated otherwise, and the SDK sees the same answer either way.
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from tests.protocol_checks import TOOL_ARGUMENTS, TOOL_NAME, new_tag, prompt, upstream_record, wait_for_log, words
 from tests.relay_checks import stream_errors
 from tests.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask
+from tests.wire import wait_for_records
 
 pytestmark = pytest.mark.gateway
 
@@ -108,20 +110,25 @@ def test_a_busy_channel_of_one_protocol_fails_over_to_another(gateway, world, si
 STREAM_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
-def raw_stream(gateway, key: str, api: str, model: str, text: str) -> httpx.Response:
+def raw_stream_request(key: str, api: str, model: str, text: str) -> tuple[str, dict, dict]:
+    """(path, headers, body) of a streaming request in the client API's own shape."""
     if api == "gemini":
-        return httpx.post(f"{gateway.url}/v1beta/models/{model}:streamGenerateContent?alt=sse",
-                          headers={"x-goog-api-key": key}, timeout=20,
-                          json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
+        return (f"/v1beta/models/{model}:streamGenerateContent?alt=sse", {"x-goog-api-key": key},
+                {"contents": [{"role": "user", "parts": [{"text": text}]}]})
     body: dict = {"model": model, "stream": True}
     if api == "responses":
         body["input"] = text
     else:
         body["messages"] = [{"role": "user", "content": text}]
-        body["max_tokens"] = 64
+        body["max_tokens"] = 512
     headers = {"authorization": f"Bearer {key}"} if api != "messages" else {"x-api-key": key,
                                                                             "anthropic-version": "2023-06-01"}
-    return httpx.post(f"{gateway.url}{STREAM_PATHS[api]}", headers=headers, json=body, timeout=20)
+    return STREAM_PATHS[api], headers, body
+
+
+def raw_stream(gateway, key: str, api: str, model: str, text: str) -> httpx.Response:
+    path, headers, body = raw_stream_request(key, api, model, text)
+    return httpx.post(gateway.url + path, headers=headers, json=body, timeout=20)
 
 
 TERMINALS = {"chat": b"[DONE]", "responses": b"response.completed", "messages": b"message_stop",
@@ -272,3 +279,27 @@ def test_a_tool_result_turn_reaches_the_channel_in_its_own_shape(gateway, world,
     assert response.status_code == 200, response.text
     name, result = tool_result_sent(wire, upstream_record(sim_records, tag)["body"])
     assert name == TOOL_NAME and RESULT in result
+
+
+DELTA_MARKS = {"chat": b'"content"', "responses": b"output_text.delta", "messages": b"text_delta",
+               "gemini": b'"text"'}
+
+
+@pytest.mark.parametrize("pair", [("messages", "openai"), ("chat", "gemini"), ("gemini", "anthropic")], ids=pair_id)
+def test_a_client_hanging_up_on_a_translated_stream_stops_the_model(gateway, world, committed_db, pair):
+    api, wire = pair
+    tag = new_tag()
+    request = raw_stream_request(world.key, api, f"via-{wire}", prompt(tag, tokens=200, pace=0.02))
+    with httpx.stream("POST", gateway.url + request[0], headers=request[1], json=request[2], timeout=20) as r:
+        request_id = r.headers["x-hopbase-request-id"]
+        received = b""
+        for chunk in r.iter_raw():
+            received += chunk
+            if received.count(DELTA_MARKS[api]) >= 3:
+                break
+        closed_at = time.time()
+    (record,) = wait_for_records(world.simulator.url, tag, closed=True)
+    assert record["client_closed_at"] - closed_at < 1
+    assert record["tokens_at_close"] < 200
+    log = wait_for_log(request_id)
+    assert (log.status, log.model) == ("cancelled", f"via-{wire}")
