@@ -19,8 +19,10 @@ from typing import Protocol
 import aiohttp
 import anyio
 import httpx
+import yarl
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
 
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
@@ -61,7 +63,8 @@ class Channel(Protocol):
 def new_client() -> httpx.AsyncClient:
     """A pooled client for one event loop, with the gateway's limits.
 
-    httpx's API over aiohttp's transport (``httpx-aiohttp``): aiohttp parses
+    httpx's API over aiohttp's transport (``httpx-aiohttp``, as
+    ``UpstreamTransport``): aiohttp parses
     HTTP in C, where httpcore and h11 spend about half the gateway's CPU per
     relayed event in Python. The transport builds its own aiohttp session
     from ``limits`` (it would ignore them if handed a session): at most
@@ -77,10 +80,45 @@ def new_client() -> httpx.AsyncClient:
         timeout=httpx.Timeout(
             connect=settings.HOPBASE_CONNECT_TIMEOUT, read=None, write=30, pool=settings.HOPBASE_CAPACITY_WAIT
         ),
-        transport=AiohttpTransport(limits=limits, trust_env=False),
+        transport=UpstreamTransport(limits=limits, trust_env=False),
         follow_redirects=False,
         trust_env=False,
     )
+
+
+class UpstreamTransport(AiohttpTransport):
+    """httpx-aiohttp's transport, but the URL goes to aiohttp as httpx wrote
+    it: given a string, aiohttp quotes it again, and ``%3D`` or ``%26`` in a
+    Gemini model name would reach the channel as ``=`` or ``&``. (No proxy:
+    the gateway's client never trusts the environment.)"""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        timeout = request.extensions.get("timeout", {})
+        with map_aiohttp_exceptions():
+            response = await self.client.request(
+                method=request.method,
+                url=yarl.URL(str(request.url), encoded=True),
+                headers=request.headers,
+                data=request.content or None,
+                allow_redirects=False,
+                auto_decompress=False,
+                compress=False,
+                timeout=aiohttp.ClientTimeout(
+                    sock_connect=timeout.get("connect"), sock_read=timeout.get("read"), connect=timeout.get("pool")
+                ),
+            ).__aenter__()
+        extensions = {"http_version": b"HTTP/1.1"}
+        if response.reason:
+            extensions["reason_phrase"] = response.reason.encode()
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=AiohttpResponseStream(response),
+            request=request,
+            extensions=extensions,
+        )
 
 
 # What the transport may raise for a failed exchange: httpx's own errors, and

@@ -28,6 +28,7 @@ class Server:
 
     def __init__(self, answer) -> None:
         self.answer = answer
+        self.targets: list[bytes] = []  # each request line's target, as sent
         self.connections = 0
         self.requests = 0
         self.closed: list[float] = []
@@ -41,6 +42,7 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                self.targets.append(head.split(b" ")[1])
                 length = next(
                     int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")
                 )
@@ -207,3 +209,20 @@ def test_an_error_answer_is_classified_with_its_body(status):
 
     items = one_attempt(answer)
     assert isinstance(items[-1], UpstreamFailure) and items[-1].status == status
+
+
+def test_the_url_reaches_the_channel_as_written():
+    # aiohttp would quote a string URL again: %3D and %26 would arrive as = and &.
+    path = "/v1beta/models/odd%3Fkey%3Dstolen%26x%2F..:streamGenerateContent?alt=sse"
+
+    async def scenario():
+        server = Server(whole_stream)
+        url = await server.start()
+        http = new_client()
+        attempt = Attempt(http, type("Channel", (), {"id": 1, "name": "local"})(), url.removesuffix("/v1") + path,
+                          {}, b"{}", lambda status, body, retry: failure_from_status(status, retry_after=retry))
+        await read_all(attempt)
+        await http.aclose()
+        return server.targets
+
+    assert asyncio.run(scenario()) == [path.encode()]
