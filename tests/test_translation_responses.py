@@ -492,7 +492,7 @@ def _pieces(segments: list[tuple[Any, ...]], reason: StopReason) -> tuple[list[P
         elif segment[0] == "tool":
             pieces.append(ToolCallStart(len(tools), f"call_{len(tools)}", segment[1]))
             pieces += [ToolArguments(len(tools), t) for t in segment[2]]
-            tools.append("".join(segment[2]))
+            tools.append("".join(segment[2]) or "{}")
         elif segment[0] == "custom":
             arguments, cut = orjson.dumps({"input": segment[1]}).decode(), segment[2]
             pieces.append(ToolCallStart(len(tools), f"call_{len(tools)}", "apply_patch"))
@@ -533,3 +533,21 @@ def test_any_answer_is_parsed_by_the_sdk_to_the_same_text_and_arguments(segments
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type == ("response.incomplete" if reason in (StopReason.LENGTH, StopReason.CONTENT_FILTER)
                                else "response.completed")
+
+
+# --------------------------------------------------------------------------- found in review
+
+
+def test_a_call_without_arguments_has_an_empty_object_for_them_as_openai_sends():
+    # An Anthropic channel streams no input_json_delta for a tool without
+    # parameters; Codex parses the arguments as JSON whatever the tool.
+    pieces: list[Piece] = [ToolCallStart(0, "toolu_1", "now"), Stop(StopReason.TOOL_USE)]
+    gateway = Gateway(pieces)
+    with gateway.client().responses.stream(model="gpt-public", input="Time?", tools=[WEATHER]) as stream:
+        final = stream.get_final_response()
+    body = Gateway(pieces).client().responses.create(model="gpt-public", input="Time?", tools=[WEATHER])
+    assert [item.arguments for item in final.output] == [item.arguments for item in body.output] == ["{}"]
+    events = sse_events(gateway.streamed)
+    assert "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta") == "{}"
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done["arguments"] == "{}"

@@ -180,8 +180,17 @@ class ChatWriter(Writer):
             return "tool_calls"
         return FINISH_REASONS[self.stop] if self.stop is not None else "stop"
 
+    def _empty_arguments(self, out: list[bytes]) -> None:
+        # A call without arguments (Anthropic streams none for a tool
+        # without parameters) has "{}" for them, as OpenAI's own have.
+        for index, (_, _, fragments) in enumerate(self.tools):
+            if not fragments:
+                fragments.append("{}")
+                out.append(self._chunk({"tool_calls": [{"index": index, "function": {"arguments": "{}"}}]}))
+
     def finish(self, usage: Usage) -> bytes:
         out = [] if self.started else [self._preamble()]
+        self._empty_arguments(out)
         out.append(self._chunk({}, self.finish_reason()))
         if self.wants_usage:
             out.append(b"data: " + dumps({**self.head_fields, "choices": [], "usage": chat_usage(usage)}) + b"\n\n")
@@ -193,6 +202,7 @@ class ChatWriter(Writer):
         return b"data: " + dumps(body) + b"\n\n"
 
     def body(self, usage: Usage) -> bytes:
+        self._empty_arguments([])
         message: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(self.text) if self.text or not self.tools else None,

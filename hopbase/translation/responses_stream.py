@@ -356,6 +356,11 @@ class ResponsesWriter(Writer):
             out.append(self._event({"type": "response.custom_tool_call_input.done", **tool.where, "input": text}))
             item["input"] = text
         else:
+            if not arguments:
+                # No arguments streamed (Anthropic sends none for a tool
+                # without parameters): "{}", as OpenAI's own calls have.
+                arguments = "{}"
+                out.append(self._delta(tool, arguments))
             out.append(self._event({"type": "response.function_call_arguments.done", **tool.where,
                                     "name": item["name"], "arguments": arguments}))
             item["arguments"] = arguments
