@@ -300,7 +300,8 @@ def test_it_encodes_tools_choice_sampling_stops_output_and_user():
     assert (body["temperature"], body["top_p"], body["stop"], body["user"]) == (0.5, 0.9, ["END"], "u-1")
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "city", "schema": {"type": "object"}, "strict": True}}
-    plain = Conversation(model="m", messages=[], output=OutputFormat(), tool_choice=ToolChoice("required"))
+    plain = Conversation(model="m", messages=[], output=OutputFormat(), tool_choice=ToolChoice("required"),
+                         tools=[Tool("noop")])
     assert encode(plain, "g").body["response_format"] == {"type": "json_object"}
     assert encode(plain, "g").body["tool_choice"] == "required"
 
@@ -581,7 +582,7 @@ usages = st.builds(Usage, input_tokens=st.integers(0, 10**6), output_tokens=st.i
 def test_any_piece_sequence_streams_into_what_the_sdk_accumulates(pieces, usage, include_usage):
     text = "".join(p.text for p in pieces if isinstance(p, TextDelta))
     arguments = [
-        "".join(p.fragment for p in pieces if isinstance(p, ToolArguments) and p.index == start.index)
+        "".join(p.fragment for p in pieces if isinstance(p, ToolArguments) and p.index == start.index) or "{}"
         for start in pieces if isinstance(start, ToolCallStart)
     ]
     client = answering(pieces, usage)
@@ -601,3 +602,32 @@ def test_any_piece_sequence_streams_into_what_the_sdk_accumulates(pieces, usage,
     whole = client.chat.completions.create(**ASK)
     assert (whole.choices[0].message.content or "") == text
     assert [c.function.arguments for c in whole.choices[0].message.tool_calls or []] == arguments
+
+
+# -- found in review ----------------------------------------------------------------------------
+
+
+def test_a_call_without_arguments_has_an_empty_object_for_them_as_openai_sends():
+    # An Anthropic channel's call to a tool without parameters streams no
+    # input_json_delta (or only ""): the caller still json.loads the arguments.
+    pieces: list[Piece] = [ToolCallStart(0, "toolu_1", "list_files"), ToolCallStart(1, "toolu_2", "now"),
+                           Stop(StopReason.TOOL_USE)]
+    chunks = list(answering(pieces, USAGE).chat.completions.create(**ASK, stream=True))
+    arguments: dict[int, str] = {}
+    for c in chunks:
+        for call in c.choices[0].delta.tool_calls or []:
+            arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+    assert arguments == {0: "{}", 1: "{}"}
+    with answering(pieces, USAGE).chat.completions.stream(**ASK) as stream:
+        final = stream.get_final_completion()
+    assert [c.function.arguments for c in final.choices[0].message.tool_calls] == ["{}", "{}"]
+    whole = answering(pieces, USAGE).chat.completions.create(**ASK)
+    assert [c.function.arguments for c in whole.choices[0].message.tool_calls] == ["{}", "{}"]
+
+
+def test_a_tool_choice_goes_only_with_tools_openai_refuses_it_alone():
+    # e.g. a Responses caller offering only web_search (dropped) with tool_choice "auto".
+    for choice in (ToolChoice("auto"), ToolChoice("none"), ToolChoice("required")):
+        body = encode(Conversation(model="m", messages=[Message("user", [Text("Hi")])], tool_choice=choice,
+                                   parallel_tool_calls=False), "gpt-up").body
+        assert "tool_choice" not in body and "tools" not in body and "parallel_tool_calls" not in body

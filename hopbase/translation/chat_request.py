@@ -289,8 +289,9 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
         body["tools"] = [function_tool(tool) for tool in conversation.tools]
         if conversation.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = conversation.parallel_tool_calls
-    if conversation.tool_choice is not None:
-        body["tool_choice"] = encode_tool_choice(conversation.tool_choice)
+        # OpenAI refuses a tool_choice (even "auto") without tools.
+        if conversation.tool_choice is not None:
+            body["tool_choice"] = encode_tool_choice(conversation.tool_choice)
     if conversation.max_tokens is not None:
         body["max_completion_tokens"] = conversation.max_tokens
     if conversation.temperature is not None:
