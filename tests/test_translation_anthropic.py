@@ -814,3 +814,17 @@ def test_any_answer_the_writer_writes_is_parsed_by_the_sdk(answer, usage):
         StopReason.CONTENT_FILTER: "refusal",
     }
     assert message.stop_reason == ended.get(pieces[-1].reason, "tool_use" if calls else "end_turn")
+
+
+# -- found in review -------------------------------------------------------------------------
+
+
+def test_thinking_a_caller_will_not_see_is_asked_for_omitted():
+    # A Gemini caller without includeThoughts (or a Responses caller without a
+    # summary) never sees the thinking text, so it hands the signature back
+    # with an empty thinking: Anthropic refuses a signature whose thinking
+    # changed, unless it was given out omitted in the first place.
+    hidden = encode(conversation(reasoning=Reasoning(budget_tokens=2048, summary=False)))["thinking"]
+    assert hidden == {"type": "enabled", "budget_tokens": 2048, "display": "omitted"}
+    shown = encode(conversation(reasoning=Reasoning(budget_tokens=2048)))["thinking"]
+    assert shown == {"type": "enabled", "budget_tokens": 2048}

@@ -237,6 +237,10 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
         if not c.max_tokens:
             max_tokens = budget + DEFAULT_MAX_TOKENS  # room to answer after thinking
         body["thinking"] = {"type": "enabled", "budget_tokens": min(budget, max_tokens - 1)}
+        if c.reasoning is not None and not c.reasoning.summary:
+            # The caller will not see the text, so it hands the signature
+            # back without it: only state given out omitted stays valid.
+            body["thinking"]["display"] = "omitted"
     else:
         if c.reasoning is not None and not c.reasoning.enabled:
             body["thinking"] = {"type": "disabled"}
