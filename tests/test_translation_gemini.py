@@ -653,3 +653,38 @@ def test_any_piece_sequence_parses_in_the_sdk_to_the_same_text_and_calls(gateway
         assert last.usage_metadata.prompt_token_count == uncached + cached
         assert last.usage_metadata.candidates_token_count == visible
         assert last.usage_metadata.total_token_count == uncached + cached + thought + visible
+
+
+# -- found in review ----------------------------------------------------------------------
+
+
+def test_a_call_another_provider_made_carries_the_documented_signature_sentinel():
+    # Gemini 3 refuses a model turn's functionCall without a thoughtSignature
+    # (400 "Function call is missing a thought_signature"); a Chat caller has
+    # no field to keep Gemini's, and other providers' calls never had one.
+    messages = [
+        Message("user", [Text("Weather and time?")]),
+        Message("assistant", [Text("Looking."), ToolCall("c1", "get_weather", "{}"), ToolCall("c2", "get_time", "{}")]),
+        Message("user", [ToolResult("c1", [Text("21C")]), ToolResult("c2", [Text("noon")])]),
+        Message("assistant", [Thinking("", "real-sig", GEMINI_WIRE), ToolCall("c3", "get_weather", "{}")]),
+        Message("user", [ToolResult("c3", [Text("22C")])]),
+    ]
+    contents = gemini_request.encode(Conversation(model="p", messages=messages), "g").body["contents"]
+    first, second = contents[1]["parts"], contents[3]["parts"]
+    assert first[0] == {"text": "Looking."}
+    assert first[1]["thoughtSignature"] == "skip_thought_signature_validator"
+    assert "thoughtSignature" not in first[2]  # parallel calls: only the first carries one
+    assert second[0]["thoughtSignature"] == "real-sig"
+
+
+def test_signatures_of_interleaved_thinking_stay_with_their_own_calls():
+    # Anthropic thinking given out omitted (no thinking text): signature,
+    # call, signature, call. Each signature goes on the part after it.
+    writer = GeminiWriter(facts({"contents": []}), MODEL, "req_1")
+    writer.write([ThinkingSignature("s1", ANTHROPIC), ToolCallStart(0, "c1", "f"), ToolArguments(0, "{}")])
+    writer.write([ThinkingSignature("s2", ANTHROPIC), ToolCallStart(1, "c2", "g"), ToolArguments(1, "{}"),
+                  Stop(StopReason.TOOL_USE)])
+    parts = json.loads(writer.body(Usage()))["candidates"][0]["content"]["parts"]
+    again = decode({"contents": [model_turn(*parts)]})
+    assert again.messages[0].parts == [
+        Thinking("", "s1", ANTHROPIC), ToolCall("c1", "f", "{}"), Thinking("", "s2", ANTHROPIC), ToolCall("c2", "g", "{}")]

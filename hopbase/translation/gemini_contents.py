@@ -40,6 +40,8 @@ UNTRANSLATABLE_PARTS = {"executableCode", "codeExecutionResult", "videoMetadata"
 # starts "aGIxL", the base64 of the seal's "hb1."); redacted thinking
 # (Anthropic's) is marked after the seal, so that it goes back as redacted.
 REDACTED_MARK = "~redacted"
+# https://ai.google.dev/gemini-api/docs/thought-signatures: for function calls Gemini did not make.
+SKIP_SIGNATURE = "skip_thought_signature_validator"
 
 
 def malformed(message: str, param: str) -> GatewayError:
@@ -251,7 +253,21 @@ def encode_contents(messages: list[Message]) -> list[dict[str, Any]]:
             contents[-1]["parts"].extend(parts)
         else:
             contents.append({"role": role, "parts": parts})
+    for content in contents:
+        if content["role"] == "model":
+            _sign_calls(content["parts"])
     return contents
+
+
+def _sign_calls(parts: list[dict[str, Any]]) -> None:
+    """Gemini 3 refuses a turn's function calls without Gemini's thinking
+    state; calls another provider made (or a caller could not keep it for)
+    carry the sentinel Google documents for that, on the first call only."""
+    if any("thoughtSignature" in part for part in parts):
+        return
+    call = next((part for part in parts if "functionCall" in part), None)
+    if call is not None:
+        call["thoughtSignature"] = SKIP_SIGNATURE
 
 
 def _parts_out(parts: list[Part], names: dict[str, str]) -> list[dict[str, Any]]:

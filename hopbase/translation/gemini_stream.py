@@ -136,10 +136,13 @@ class GeminiWriter(Writer):
                     call[2].append(piece.fragment)
             elif isinstance(piece, ToolCallStart):
                 self.calls[piece.index] = (piece.call_id, piece.name, [])
-            elif isinstance(piece, ThinkingSignature):
-                self._sign(parts, sealed_signature(piece.origin, piece.signature))
-            elif isinstance(piece, RedactedThinking):
-                self._sign(parts, sealed_signature(piece.origin, piece.data, redacted=True))
+            elif isinstance(piece, ThinkingSignature | RedactedThinking):
+                if self.calls:  # the calls before it take the signature before them
+                    self._flush_calls(parts)
+                if isinstance(piece, ThinkingSignature):
+                    self._sign(parts, sealed_signature(piece.origin, piece.signature))
+                else:
+                    self._sign(parts, sealed_signature(piece.origin, piece.data, redacted=True))
             elif isinstance(piece, Stop):
                 self.stop = piece.reason
                 self._flush_calls(parts)
