@@ -828,3 +828,29 @@ def test_thinking_a_caller_will_not_see_is_asked_for_omitted():
     assert hidden == {"type": "enabled", "budget_tokens": 2048, "display": "omitted"}
     shown = encode(conversation(reasoning=Reasoning(budget_tokens=2048)))["thinking"]
     assert shown == {"type": "enabled", "budget_tokens": 2048}
+
+
+def test_whitespace_only_text_is_left_out_anthropic_refuses_it():
+    # "messages: text content blocks must contain non-whitespace text": a
+    # Chat model's "\n" before its calls, handed back by the caller, or a blank tool output.
+    body = encode(conversation(
+        Message("user", [Text("Weather?")]),
+        Message("assistant", [Text("\n\n"), ToolCall("c1", "get_weather", "{}")]),
+        Message("user", [ToolResult("c1", [Text(" \n")]), Text(" ")]),
+        system=[" ", "Be brief."],
+    ))
+    assert body["system"] == "Be brief."
+    assert body["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1"}]},
+    ]
+
+
+def test_the_default_room_to_answer_after_thinking_fits_every_claude_model():
+    # Claude Opus 4 and 4.1 take at most 32000 output tokens: a request above is refused.
+    body = encode(conversation(reasoning=Reasoning(effort=Effort.HIGH)))
+    assert body["max_tokens"] <= 32000 and body["thinking"]["budget_tokens"] < body["max_tokens"]
+    big = encode(conversation(reasoning=Reasoning(budget_tokens=32768)))
+    assert big["max_tokens"] <= 32000 and big["thinking"]["budget_tokens"] < big["max_tokens"]
+    # The caller's own cap is the caller's.
+    assert encode(conversation(reasoning=Reasoning(budget_tokens=40000), max_tokens=60000))["max_tokens"] == 60000

@@ -36,6 +36,8 @@ from hopbase.translation.neutral import (
 ANTHROPIC = WireProtocol.ANTHROPIC
 # Anthropic requires max_tokens; a caller of another API may not have said.
 DEFAULT_MAX_TOKENS = 8192
+# The most output a default may ask for: Claude Opus 4 and 4.1 refuse more.
+MAX_DEFAULT_TOKENS = 32000
 MIN_BUDGET = 1024
 # Blocks that name provider-held files, citations sources or server tools:
 # no other protocol can take them, and dropping them changes the answer.
@@ -221,7 +223,7 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
     c = conversation
     messages = _messages(c)
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": True}
-    system = list(c.system)
+    system = [s for s in c.system if s.strip()]  # whitespace-only text is refused
     if c.output is not None and c.output.schema is None:
         system.append(JSON_INSTRUCTION)  # Anthropic has no "any JSON" mode; the nearest is asking
     if system:
@@ -235,7 +237,7 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
     max_tokens = c.max_tokens or DEFAULT_MAX_TOKENS
     if budget:
         if not c.max_tokens:
-            max_tokens = budget + DEFAULT_MAX_TOKENS  # room to answer after thinking
+            max_tokens = min(budget + DEFAULT_MAX_TOKENS, MAX_DEFAULT_TOKENS)  # room to answer after thinking
         body["thinking"] = {"type": "enabled", "budget_tokens": min(budget, max_tokens - 1)}
         if c.reasoning is not None and not c.reasoning.summary:
             # The caller will not see the text, so it hands the signature
@@ -303,7 +305,8 @@ def _messages(c: Conversation) -> list[dict[str, Any]]:
 
 def _block(part: Part) -> dict[str, Any] | None:
     if isinstance(part, Text):
-        return {"type": "text", "text": part.text} if part.text else None  # empty text blocks are refused
+        # Empty and whitespace-only text blocks are refused.
+        return {"type": "text", "text": part.text} if part.text.strip() else None
     if isinstance(part, Image):
         return _image_out(part)
     if isinstance(part, ToolCall):
