@@ -95,7 +95,12 @@ class Legs:
             facts = unsealed(self.api.name, self.api.with_model(self.facts, model))
             return Leg(self.api, facts, lambda: self.api.new_watcher(facts))
         side = CHANNEL_SIDES[channel.protocol]
-        facts = side.encode(self.conversation(), model)
+        try:
+            facts = side.encode(self.conversation(), model)
+        except GatewayError as error:
+            # What this protocol cannot take (a Gemini tool result with no
+            # name, say) another candidate may.
+            raise CannotServe(error.param or "body", error.message) from None
         writer = WRITERS[self.api.name]
 
         def new_watcher() -> StreamWatcher:
