@@ -84,7 +84,7 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
             while not CHAT_CONTENT.search(seen):
                 data = await reader.read(65536)
                 if not data:
-                    errors["closed early"] += 1
+                    errors["closed early: " + (seen[:12].decode(errors="replace") or "no answer")] += 1
                     return
                 seen += data
             opened_at.append(time.perf_counter())
