@@ -118,9 +118,16 @@ class EventSplitter:
         event_start = 0
         pos = self._line_start
         length = len(buffer)
+        # The next \n and \r at or after pos, each looked for again only
+        # once passed: a chunk of many events (and usually no \r at all) is
+        # scanned once, not once per line.
+        nl = buffer.find(b"\n", pos)
+        cr = buffer.find(b"\r", pos)
         while pos < length:
-            nl = buffer.find(b"\n", pos)
-            cr = buffer.find(b"\r", pos)
+            if nl != -1 and nl < pos:
+                nl = buffer.find(b"\n", pos)
+            if cr != -1 and cr < pos:
+                cr = buffer.find(b"\r", pos)
             if nl == -1 and cr == -1:
                 break
             if cr == -1 or (nl != -1 and nl < cr):
