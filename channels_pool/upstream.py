@@ -307,6 +307,11 @@ class Attempt:
                 return rest[0]
         return item
 
+    def ready(self) -> bool:
+        """Whether ``next()`` has something to return at once (more of what
+        one upstream read carried): the relay sends those together."""
+        return bool(self._events) or bool(self._items)
+
     def _timer_fired(self) -> None:
         self._timer = None
         self.wake()

@@ -9,12 +9,13 @@ stack is closed exactly once, by ``finish()``: no path can forget a release.
 from __future__ import annotations
 
 import asyncio
+import copy
 import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from django.utils import timezone
@@ -212,12 +213,22 @@ class Run:
                 return
             if committed.first_bytes:
                 yield committed.first_bytes
-            last_to_client = last_from_channel = loop.time()
+            last_to_client = last_from_channel = now = loop.time()
             next_journal = last_from_channel + JOURNAL_EVERY
+            # The client's bytes for events already read, sent together once
+            # nothing more is waiting: one send per upstream read, not per
+            # event (the bytes are the same; keep-alives still fall only
+            # between whole events).
+            out: list[bytes] = []
             while True:
+                if out and not attempt.ready():
+                    yield b"".join(out)
+                    out.clear()
+                    last_to_client = now
                 if self.client_too_slow:
                     self.error_kind = "slow_client"
-                    yield self._end(Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE))
+                    ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE)
+                    yield b"".join(out) + self._end(ending)
                     return
                 stall_at = last_from_channel + stall
                 wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
@@ -231,11 +242,11 @@ class Run:
                         if drain_at is not None and now >= drain_at:
                             self.error_kind = "drain"
                             ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE, drained=True)
-                            yield self._end(ending)
+                            yield b"".join(out) + self._end(ending)
                             return
                         if now >= stall_at:
                             self.error_kind = "stall"
-                            yield self._end(Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE))
+                            yield b"".join(out) + self._end(Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE))
                             return
                         if keepalive is not None and now >= last_to_client + keepalive:
                             yield self.api.keepalive
@@ -243,7 +254,7 @@ class Run:
                     case Signal.PROGRESS | Signal.OPENED:
                         last_from_channel = now
                     case Signal.END | UpstreamFailure():
-                        yield self._end(self._ended_early(item, attempt))
+                        yield b"".join(out) + self._end(self._ended_early(item, attempt))
                         return
                     case _:
                         last_from_channel = now
@@ -251,7 +262,8 @@ class Run:
                         if mark & Mark.ERROR:
                             self.error_kind = "error_event"
                             busy = watcher.busy_error
-                            yield self._end(Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None))
+                            ending = Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
+                            yield b"".join(out) + self._end(ending)
                             return
                         if mark & Mark.DROP:
                             continue
@@ -259,10 +271,10 @@ class Run:
                             # Committed by the hold cap (F7): the channel has now delivered.
                             self.content_arrived(attempt.channel.id)
                         if mark & Mark.TERMINAL:
-                            yield self._end(self._completed(attempt), watcher.client_bytes(item) + watcher.end_of_stream())
+                            last = watcher.client_bytes(item) + watcher.end_of_stream()
+                            yield b"".join(out) + self._end(self._completed(attempt), last)
                             return
-                        yield watcher.client_bytes(item)
-                        last_to_client = now
+                        out.append(watcher.client_bytes(item))
                         if now >= next_journal:
                             self.relay.recorder.progress(self._in_flight())
                             next_journal = now + JOURNAL_EVERY
@@ -365,7 +377,7 @@ class Run:
             channel_name=self.channel.name if self.channel else "",
             error_kind=self.error_kind,
             attempts=self.attempts,
-            usage=replace(watcher.usage) if watcher is not None else Usage(),
+            usage=copy.copy(watcher.usage) if watcher is not None else Usage(),
             # A request no channel accepted (never a 200) had no prompt
             # processed: nothing to estimate input from.
             prompt_chars=self.facts.prompt_chars if self.upstream_status == 200 else 0,

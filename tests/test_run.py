@@ -62,7 +62,7 @@ def test_keepalives_fill_silences_only_between_whole_events():
     assert positions, "a 0.2 s silence is longer than the 0.05 s keep-alive interval"
     assert all(0 < i < len(chunks) - 1 for i in positions)
     assert b"".join(c for c in chunks if c != KEEPALIVE) == PREAMBLE + chat_chunk("Hi") + chat_chunk(" there") + chat_chunk(finish="stop") + DONE
-    assert chunks[-1] == DONE
+    assert chunks[-1].endswith(DONE)  # events one read carried go out together
 
 
 def test_a_non_streaming_answer_gets_no_keepalives():

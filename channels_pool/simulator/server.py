@@ -60,7 +60,9 @@ class Simulator(SideEndpoints):
         self._records.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 8901) -> int:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        # A gateway opening thousands of streams at once (bench/run.py
+        # --open-streams) connects faster than asyncio's default backlog of 100.
+        self._server = await asyncio.start_server(self._serve, host, port, backlog=4096)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
