@@ -32,7 +32,8 @@ serve --workers 2`` on the same database. Then it measures:
 3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
    gateway against floor, the same way;
 4. CPU per translated stream: a Chat Completions stream for a model only an
-   Anthropic channel serves ("n/a" while the gateway answers 404);
+   Anthropic channel serves, against the same stream (whole requests both)
+   from an OpenAI channel, passed through;
 5. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
