@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
-import anyio
 import httpx
 import yarl
 from django.conf import settings
@@ -60,6 +59,25 @@ class Channel(Protocol):
     name: str
 
 
+class _NoCookies(httpx.Cookies):
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
+class UpstreamClient(httpx.AsyncClient):
+    """A provider's cookies are no business of the gateway's: one tenant's
+    answer must not set what another tenant's request carries (and reading
+    them cost a few percent of the CPU per request)."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NoCookies()
+
+    @cookies.setter
+    def cookies(self, value: object) -> None:
+        pass
+
+
 def new_client() -> httpx.AsyncClient:
     """A pooled client for one event loop, with the gateway's limits.
 
@@ -74,7 +92,7 @@ def new_client() -> httpx.AsyncClient:
     the kernel accepts at once."""
     limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=30)
-    return httpx.AsyncClient(
+    return UpstreamClient(
         # No read timeout: long silences are the relay's to judge (hold,
         # slow start, stall), not the transport's.
         timeout=httpx.Timeout(
@@ -200,22 +218,19 @@ class Attempt:
         self._room: asyncio.Future[None] | None = None  # the pump waits for the relay to catch up
         self._splitter = EventSplitter()
         self._events: deque[Event] = deque()
-        # Hang-ups go through an anyio scope, not Task.cancel(): httpcore
-        # cleans up under shielded anyio scopes, and a bare task cancellation
-        # interrupts that cleanup, leaking the pooled connection.
-        self._scope = anyio.CancelScope()
         self._timer: asyncio.TimerHandle | None = None
         self._task = asyncio.get_running_loop().create_task(self._pump(http, url, headers, content))
 
     async def _pump(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
-        with self._scope:
-            try:
-                await self._read(http, url, headers, content)
-            except Exception:
-                # Whatever broke, the relay must hear of it rather than wait
-                # on a reader that is gone.
-                log.exception("upstream read failed on channel %s", self.channel.name)
-                self._put(UpstreamFailure("internal", self.status))
+        try:
+            await self._read(http, url, headers, content)
+        except asyncio.CancelledError:
+            pass  # hung up on (``_hang_up``): the response was closed on the way out
+        except Exception:
+            # Whatever broke, the relay must hear of it rather than wait
+            # on a reader that is gone.
+            log.exception("upstream read failed on channel %s", self.channel.name)
+            self._put(UpstreamFailure("internal", self.status))
 
     async def _read(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
         put = self._put
@@ -342,7 +357,7 @@ class Attempt:
 
     def _hang_up(self) -> None:
         if not self._task.done():
-            self._scope.cancel()
+            self._task.cancel()
 
 
 async def _read_up_to(response: httpx.Response, limit: int) -> bytes:

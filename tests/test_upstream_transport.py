@@ -29,6 +29,7 @@ class Server:
     def __init__(self, answer) -> None:
         self.answer = answer
         self.targets: list[bytes] = []  # each request line's target, as sent
+        self.heads: list[bytes] = []
         self.connections = 0
         self.requests = 0
         self.closed: list[float] = []
@@ -43,6 +44,7 @@ class Server:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 self.targets.append(head.split(b" ")[1])
+                self.heads.append(head)
                 length = next(
                     int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length")
                 )
@@ -59,6 +61,13 @@ class Server:
 
 async def whole_stream(reader, writer) -> bool:
     writer.write(HEAD + chunk(EVENT) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+async def whole_stream_setting_a_cookie(reader, writer) -> bool:
+    writer.write(HEAD.replace(b"\r\n\r\n", b"\r\nSet-Cookie: session=tenant-a; Path=/\r\n\r\n", 1)
+                 + chunk(EVENT) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     await writer.drain()
     return True
 
@@ -226,3 +235,17 @@ def test_the_url_reaches_the_channel_as_written():
         return server.targets
 
     assert asyncio.run(scenario()) == [path.encode()]
+
+
+def test_a_cookie_one_answer_sets_is_never_sent_on_another_request():
+    async def scenario():
+        server = Server(whole_stream_setting_a_cookie)
+        url = await server.start()
+        http = new_client()
+        for _ in range(2):
+            await read_all(start(http, url))
+        await http.aclose()
+        return server.heads
+
+    first, second = asyncio.run(scenario())
+    assert b"cookie" not in first.lower() and b"cookie" not in second.lower()
