@@ -417,6 +417,16 @@ def test_it_encodes_reasoning_as_a_thinking_budget(reasoning, thinking_config, t
     assert encoded.thinking is thinking
 
 
+@pytest.mark.parametrize("model, thinking_config", [
+    ("gemini-2.5-flash", {"thinkingBudget": 0}),
+    ("gemini-2.5-pro", {"thinkingBudget": 128}),  # it cannot stop thinking: its least
+    ("gemini-3-pro-preview", {"thinkingLevel": "low"}),
+])
+def test_thinking_off_is_the_least_a_model_allows(model, thinking_config):
+    encoded = gemini_request.encode(conversation(reasoning=Reasoning(enabled=False)), model)
+    assert encoded.body["generationConfig"]["thinkingConfig"] == thinking_config
+
+
 def test_it_refuses_what_gemini_cannot_express():
     with pytest.raises(CannotServe) as raised:
         gemini_request.encode(conversation(untranslatable=["n", "logprobs"]), "g")

@@ -200,7 +200,7 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
         body["tools"] = [{"functionDeclarations": [_declaration_out(t) for t in conversation.tools]}]
         if conversation.tool_choice is not None:
             body["toolConfig"] = {"functionCallingConfig": _choice_out(conversation.tool_choice)}
-    config = _config_out(conversation)
+    config = _config_out(conversation, model)
     if config:
         body["generationConfig"] = config
     reasoning = conversation.reasoning
@@ -229,7 +229,17 @@ def _choice_out(choice: ToolChoice) -> dict[str, Any]:
     return {"mode": CHOICES_OUT.get(choice.mode, "AUTO")}
 
 
-def _config_out(conversation: Conversation) -> dict[str, Any]:
+# Models that cannot stop thinking refuse a zero budget (400): they are
+# given their least instead (2.5 Pro's smallest budget; Gemini 3's lowest level).
+LEAST_THINKING = (("gemini-2.5-pro", {"thinkingBudget": 128}), ("gemini-3", {"thinkingLevel": "low"}))
+
+
+def _thinking_off(model: str) -> dict[str, Any]:
+    name = model.removeprefix("models/")
+    return next((least for prefix, least in LEAST_THINKING if name.startswith(prefix)), {"thinkingBudget": 0})
+
+
+def _config_out(conversation: Conversation, model: str) -> dict[str, Any]:
     config: dict[str, Any] = {}
     if conversation.max_tokens is not None:
         config["maxOutputTokens"] = conversation.max_tokens
@@ -245,7 +255,7 @@ def _config_out(conversation: Conversation) -> dict[str, Any]:
             config["responseJsonSchema"] = conversation.output.schema
     reasoning = conversation.reasoning
     if reasoning is not None and not reasoning.enabled:
-        config["thinkingConfig"] = {"thinkingBudget": 0}
+        config["thinkingConfig"] = _thinking_off(model)
     elif reasoning is not None:
         # Neither an effort nor a budget: Gemini's dynamic thinking (-1).
         unset = reasoning.effort is None and reasoning.budget_tokens is None
