@@ -303,3 +303,21 @@ def test_a_client_hanging_up_on_a_translated_stream_stops_the_model(gateway, wor
     assert record["tokens_at_close"] < 200
     log = wait_for_log(request_id)
     assert (log.status, log.model) == ("cancelled", f"via-{wire}")
+
+
+PREAMBLES = {"chat": b'"role":"assistant"', "responses": b"event: response.created",
+             "messages": b"event: message_start"}
+ENDS = {"chat": b"data: [DONE]", "responses": b"event: response.completed", "messages": b"event: message_stop"}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_a_failover_across_protocols_leaves_one_clean_stream(gateway, world, committed_db, api):
+    tag = new_tag()
+
+    response = raw_stream(gateway, world.key, api, "via-failover", prompt(tag, tokens=4))
+
+    assert response.status_code == 200
+    # Nothing of the refused attempt reached the client: one preamble, one end, no error.
+    assert response.content.count(PREAMBLES[api]) == 1
+    assert response.content.count(ENDS[api]) == 1
+    assert stream_errors(response.content) == []
