@@ -73,13 +73,15 @@ class Leg:
 
 
 class Legs:
-    """The legs of one request (its neutral form decoded at most once)."""
+    """The legs of one request (its neutral form decoded, and its own
+    protocol's form cleaned, at most once)."""
 
     def __init__(self, api: Api, facts: RequestFacts, request_id: str) -> None:
         self.api = api
         self.facts = facts
         self.request_id = request_id
-        self._conversation: Conversation | None = None
+        self._decoded: Conversation | None = None
+        self._unsealed: RequestFacts | None = None
 
     def wires(self) -> frozenset[str]:
         """The channel protocols that may serve this request."""
@@ -92,14 +94,15 @@ class Legs:
         cannot express the request."""
         model = channel.upstream_model(self.facts.model)
         if channel.protocol == self.api.wire:
-            facts = unsealed(self.api.name, self.api.with_model(self.facts, model))
+            facts = self.api.with_model(self._passed_through(), model)
             return Leg(self.api, facts, lambda: self.api.new_watcher(facts))
         side = CHANNEL_SIDES[channel.protocol]
         try:
-            facts = side.encode(self.conversation(), model)
+            facts = side.encode(self._conversation(), model)
         except GatewayError as error:
-            # What this protocol cannot take (a Gemini tool result with no
-            # name, say) another candidate may.
+            # Unreadable for translation, or not what this protocol can take
+            # (a Gemini tool result with no name, say): another candidate,
+            # of the client's own protocol perhaps, may still serve it.
             raise CannotServe(error.param or "body", error.message) from None
         writer = WRITERS[self.api.name]
 
@@ -109,12 +112,13 @@ class Legs:
 
         return Leg(side.api, facts, new_watcher)
 
-    def conversation(self) -> Conversation:
-        if self._conversation is None:
-            try:
-                self._conversation = DECODERS[self.api.name](self.facts)
-            except GatewayError as error:
-                # Unreadable for translation only: a channel of the client's
-                # own protocol may still take it as it is.
-                raise CannotServe(error.param or "body", error.message) from None
-        return self._conversation
+    def _passed_through(self) -> RequestFacts:
+        """The request as it goes to a channel of its own protocol (made once)."""
+        if self._unsealed is None:
+            self._unsealed = unsealed(self.api.name, self.facts)
+        return self._unsealed
+
+    def _conversation(self) -> Conversation:
+        if self._decoded is None:
+            self._decoded = DECODERS[self.api.name](self.facts)
+        return self._decoded
