@@ -40,6 +40,8 @@ MAX_EVENT = 16 * 1024 * 1024
 # Response headers from the channel that a client's SDK reads (request ids);
 # rate-limit headers describe HopBase's account and stay here.
 PASSED_BACK_HEADERS = ("x-request-id", "request-id")
+# Where each provider names its request (kept on the request log).
+PROVIDER_REQUEST_ID_HEADERS = (*PASSED_BACK_HEADERS, "x-goog-request-id")
 
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
@@ -64,6 +66,9 @@ class _NoCookies(httpx.Cookies):
         pass
 
 
+_NO_COOKIES = _NoCookies()
+
+
 class UpstreamClient(httpx.AsyncClient):
     """A provider's cookies are no business of the gateway's: one tenant's
     answer must not set what another tenant's request carries (and reading
@@ -71,7 +76,7 @@ class UpstreamClient(httpx.AsyncClient):
 
     @property
     def cookies(self) -> httpx.Cookies:
-        return _NoCookies()
+        return _NO_COOKIES
 
     @cookies.setter
     def cookies(self, value: object) -> None:
@@ -342,6 +347,10 @@ class Attempt:
     def passed_back_headers(self) -> dict[str, str]:
         found = self.response_headers or {}
         return {name: found[name] for name in PASSED_BACK_HEADERS if name in found}
+
+    def provider_request_id(self) -> str:
+        found = self.response_headers or {}
+        return next((found[name] for name in PROVIDER_REQUEST_ID_HEADERS if name in found), "")
 
     def end(self) -> None:
         """Let go of the channel: after the terminal event, let the pump read

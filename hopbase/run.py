@@ -13,7 +13,7 @@ import copy
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
-# Where each provider names its request (kept on the request log).
-PROVIDER_REQUEST_ID_HEADERS = ("x-request-id", "request-id", "x-goog-request-id")
 # What a request ended by a drain is told: another process will serve it.
 DRAIN_RETRY_AFTER = 1
 Status = RequestStatus
@@ -228,7 +226,7 @@ class Run:
                 if self.client_too_slow:
                     self.error_kind = "slow_client"
                     ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE)
-                    yield b"".join(out) + self._end(ending)
+                    yield self._end(ending, pending=out)
                     return
                 stall_at = last_from_channel + stall
                 wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
@@ -242,11 +240,12 @@ class Run:
                         if drain_at is not None and now >= drain_at:
                             self.error_kind = "drain"
                             ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE, drained=True)
-                            yield b"".join(out) + self._end(ending)
+                            yield self._end(ending, pending=out)
                             return
                         if now >= stall_at:
                             self.error_kind = "stall"
-                            yield b"".join(out) + self._end(Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE))
+                            ending = Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE)
+                            yield self._end(ending, pending=out)
                             return
                         if keepalive is not None and now >= last_to_client + keepalive:
                             yield self.api.keepalive
@@ -254,7 +253,7 @@ class Run:
                     case Signal.PROGRESS | Signal.OPENED:
                         last_from_channel = now
                     case Signal.END | UpstreamFailure():
-                        yield b"".join(out) + self._end(self._ended_early(item, attempt))
+                        yield self._end(self._ended_early(item, attempt), pending=out)
                         return
                     case _:
                         last_from_channel = now
@@ -263,7 +262,7 @@ class Run:
                             self.error_kind = "error_event"
                             busy = watcher.busy_error
                             ending = Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
-                            yield b"".join(out) + self._end(ending)
+                            yield self._end(ending, pending=out)
                             return
                         if mark & Mark.DROP:
                             continue
@@ -272,7 +271,7 @@ class Run:
                             self.content_arrived(attempt.channel.id)
                         if mark & Mark.TERMINAL:
                             last = watcher.client_bytes(item) + watcher.end_of_stream()
-                            yield b"".join(out) + self._end(self._completed(attempt), last)
+                            yield self._end(self._completed(attempt), last, pending=out)
                             return
                         out.append(watcher.client_bytes(item))
                         if now >= next_journal:
@@ -281,15 +280,16 @@ class Run:
         finally:
             self.finish(self.ending.status)
 
-    def _end(self, ending: Ending, last: bytes | None = None) -> bytes:
+    def _end(self, ending: Ending, last: bytes | None = None, pending: Sequence[bytes] = ()) -> bytes:
         """End the request as ``ending`` says and record it, then hand back
-        the last bytes for the client (by default the error event): the
-        record is on disk before they go out (D2)."""
+        the last bytes for the client (what is still ``pending``, then by
+        default the error event): the record is on disk before they go out
+        (D2)."""
         self.ending = ending
         if last is None:
             last = ending.stream_error(self.watcher)
         self.finish(ending.status)
-        return last
+        return b"".join(pending) + last if pending else last
 
     def stream_opened(self) -> None:
         self.streaming = True
@@ -353,10 +353,6 @@ class Run:
             # in its first events) is this tenant's, and on this channel.
             relay.affinity.remember(watcher.state_id, self.caller.tenant_id, channel.id)
 
-    def _provider_request_id(self) -> str:
-        found = self.attempt.response_headers if self.attempt is not None else None
-        return next((found[name] for name in PROVIDER_REQUEST_ID_HEADERS if name in found), "") if found else ""
-
     def _in_flight(self) -> Finished:
         """What is known of the stream so far, as a record its process's
         death would leave (billing.spool)."""
@@ -371,7 +367,7 @@ class Run:
             created_at=self.created_at,
             model=self.facts.model,
             upstream_model=self.upstream_model,
-            provider_request_id=self._provider_request_id(),
+            provider_request_id=self.attempt.provider_request_id() if self.attempt is not None else "",
             stream=self.facts.stream,
             channel_id=self.channel.id if self.channel else None,
             channel_name=self.channel.name if self.channel else "",
