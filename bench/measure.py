@@ -113,9 +113,11 @@ async def clear_simulator(client: httpx.AsyncClient, sim_url: str) -> None:
 # --------------------------------------------------------------------------- the run
 
 
-async def measure(args: argparse.Namespace, gateway: Target, direct: Target, sim_url: str, pids: dict[str, int]) -> dict:
+async def measure(args: argparse.Namespace, gateway: Target, floor: Target, direct: Target, sim_url: str,
+                  pids: dict[str, int]) -> dict:
     """Added latency and time to first token, one request at a time, calls
-    through the gateway and straight to the simulator interleaved."""
+    through the gateway, through the floor and straight to the simulator
+    interleaved."""
     out: dict = {}
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False) as client:
         whole = chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=False)
@@ -127,7 +129,7 @@ async def measure(args: argparse.Namespace, gateway: Target, direct: Target, sim
         async def one_chat_stream(t: Target, s: Samples) -> None:
             await call_stream(client, t.base + "/v1/chat/completions", t.chat_headers, chat_stream, CHAT_CONTENT, s)
 
-        both = [gateway, direct]
+        both = [gateway, floor, direct]
         # Warm-up: key and channel caches, the upstream pool, the log writer, both paths' code.
         for one in (one_whole, one_chat_stream):
             warm = await interleaved(both, 30, 1, one)

@@ -22,9 +22,10 @@ It also starts the floor, ``daphne … bench.floor:application`` (a bare relay:
 Daphne + httpx over aiohttp, forwarding to the simulator), and ``manage.py
 serve --workers 2`` on the same database. Then it measures:
 
-1. one call at a time, gateway and direct calls interleaved: added latency
-   of a non-stream Chat request and added time to first token of a stream
-   (p50 of gateway minus p50 of direct);
+1. one call at a time, gateway, floor and direct calls interleaved: added
+   latency of a non-stream Chat request and added time to first token of a
+   stream (p50 of gateway minus p50 of direct), held against what the floor
+   adds the same way;
 2. CPU per non-stream request (``[sim tokens=50]``) of the floor, of the
    gateway process, and of both ``serve`` workers summed (``/proc/PID/stat``
    utime+stime, all threads), in alternating rounds of C concurrent
@@ -195,7 +196,7 @@ def main() -> int:
         cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers}
 
         started = time.monotonic()
-        results = asyncio.run(measure(args, gateway, direct, sim_url, pids))
+        results = asyncio.run(measure(args, gateway, floor, direct, sim_url, pids))
         profiler = Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt") if args.py_spy else None
         if profiler is not None:
             profilers.append(profiler)

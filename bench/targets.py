@@ -74,17 +74,19 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
     writers: list[asyncio.StreamWriter] = []
     errors: collections.Counter = collections.Counter()
     opened_at: list[float] = []
+    connected_at: list[float] = []
 
     async def hold() -> None:
         try:
             reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 16)
+            connected_at.append(time.perf_counter())
             writers.append(writer)
             writer.write(head)
             seen = b""
             while not CHAT_CONTENT.search(seen):
                 data = await reader.read(65536)
                 if not data:
-                    errors["closed early: " + (seen[:12].decode(errors="replace") or "no answer")] += 1
+                    errors["closed early: " + (seen[:12].decode(errors="replace") or "no answer") + repr(seen[-160:])] += 1
                     return
                 seen += data
             opened_at.append(time.perf_counter())
@@ -97,7 +99,9 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
         async with asyncio.timeout(120):
             await asyncio.gather(*tasks)
     result = {"count": count, "opened": len(opened_at), "errors": dict(errors),
-              "open_seconds": (max(opened_at) - started) if opened_at else float("nan")}
+              "open_seconds": (max(opened_at) - started) if opened_at else float("nan"),
+              "connected": len(connected_at),
+              "connect_seconds": (max(connected_at) - started) if connected_at else float("nan")}
     await asyncio.sleep(1.0)
     result["rss_mb"] = sum(rss_mb(pid) for pid in worker_pids)
     result["rss_before_mb"] = rss_before

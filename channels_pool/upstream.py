@@ -92,7 +92,8 @@ def new_client() -> httpx.AsyncClient:
     relayed event in Python. The transport builds its own aiohttp session
     from ``limits`` (it would ignore them if handed a session): at most
     ``max_connections`` open, idle ones kept ``keepalive_expiry`` seconds,
-    a wait for a free one bounded by the ``pool`` timeout. aiohttp has no
+    a wait for a free one bounded by the ``pool`` timeout plus the
+    ``connect`` timeout (aiohttp bounds the two together). aiohttp has no
     write timeout; a request body is at most a few MB written to a socket
     the kernel accepts at once."""
     limit = settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS
@@ -119,6 +120,7 @@ class UpstreamTransport(AiohttpTransport):
         if not isinstance(self.client, aiohttp.ClientSession):
             self.client = self.get_client()
         timeout = request.extensions.get("timeout", {})
+        pool, connect = timeout.get("pool"), timeout.get("connect")
         with map_aiohttp_exceptions():
             response = await self.client.request(
                 method=request.method,
@@ -128,8 +130,12 @@ class UpstreamTransport(AiohttpTransport):
                 allow_redirects=False,
                 auto_decompress=False,
                 compress=False,
+                # aiohttp's ``connect`` bounds the wait for a free slot and
+                # the new connection's handshake together: alone, the pool
+                # wait would cut short a connect that is allowed longer.
                 timeout=aiohttp.ClientTimeout(
-                    sock_connect=timeout.get("connect"), sock_read=timeout.get("read"), connect=timeout.get("pool")
+                    sock_connect=connect, sock_read=timeout.get("read"),
+                    connect=None if pool is None or connect is None else pool + connect,
                 ),
             ).__aenter__()
         extensions = {"http_version": b"HTTP/1.1"}

@@ -6,6 +6,7 @@ go back to the pool, and the pool's limit holds."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -181,6 +182,7 @@ def test_a_refused_connection_is_a_connect_failure():
 def test_the_pool_limit_holds_and_a_wait_for_a_connection_times_out(settings):
     settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS = 2
     settings.HOPBASE_CAPACITY_WAIT = 0.3
+    settings.HOPBASE_CONNECT_TIMEOUT = 0.2
 
     async def scenario():
         server = Server(one_event_then_silence)
@@ -204,6 +206,41 @@ def test_the_pool_limit_holds_and_a_wait_for_a_connection_times_out(settings):
     assert connections == 2
     assert isinstance(third[-1], UpstreamFailure) and third[-1].kind == "timeout"
     assert opened is Signal.OPENED
+
+
+def test_a_slow_connect_may_take_the_connect_timeout_not_just_the_capacity_wait(settings):
+    # aiohttp bounds the wait for a free slot and the handshake together: a
+    # handshake slower than the capacity wait (a provider's full accept
+    # queue, a burst) must still have the whole connect timeout.
+    settings.HOPBASE_CAPACITY_WAIT = 0.3
+    settings.HOPBASE_CONNECT_TIMEOUT = 10
+
+    async def scenario():
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        listener.setblocking(False)
+        fillers = []
+        for _ in range(3):  # the accept queue full: the next SYN is dropped and sent again a second later
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+            fillers.append(filler)
+        server = Server(whole_stream)
+        http = new_client()
+        port = listener.getsockname()[1]
+        attempt = start(http, f"http://127.0.0.1:{port}/v1")
+        await asyncio.sleep(0.5)  # past the capacity wait, then the queue is served
+        server.server = await asyncio.start_server(server._serve, sock=listener)
+        for filler in fillers:
+            filler.close()
+        items = await read_all(attempt)
+        await http.aclose()
+        server.server.close()
+        return items
+
+    items = asyncio.run(scenario())
+    assert items[0] is Signal.OPENED and items[-1] is Signal.END
 
 
 @pytest.mark.parametrize("status", [429, 500])
