@@ -251,8 +251,9 @@ class Recorder:
 
     def _insert(self, rows: list[RequestLog]) -> None:
         with transaction.atomic():
-            RequestLog.objects.bulk_create(rows, ignore_conflicts=True)
-            # bulk_create(ignore_conflicts=True) returns no ids: ask for them.
+            RequestLog.objects.insert_new(rows)
+            # Rows left out as stored already are still to be settled if they
+            # are not yet: ask for the ids of all of them.
             ids = list(
                 RequestLog.objects.filter(request_id__in=[row.request_id for row in rows], settled_at__isnull=True)
                 .values_list("pk", flat=True)

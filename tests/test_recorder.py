@@ -6,6 +6,7 @@ records: keys' last use, channel health and the sweep run elsewhere
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from billing.finished import Finished
 from billing.models import RequestLog
-from billing.recorder import Recorder
+from billing.recorder import Recorder, to_row
 from core.usage import Usage
 from tests.factories import make_channel, make_key
 
@@ -88,3 +89,34 @@ def test_a_batch_touches_request_logs_only(django_capture_on_commit_callbacks):
     assert tables == set()
     key.refresh_from_db()
     assert key.last_used_at is None
+
+
+@pytest.mark.django_db
+def test_a_record_written_again_leaves_the_first_row_as_it_was():
+    # A spool replay may write a record the database already has.
+    key, _ = make_key()
+    first = finished(key, status="interrupted")
+    recorder = Recorder(publish=lambda ids: None)
+    recorder._write([first])
+    again = finished(key, request_id=first.request_id, status="completed", usage=Usage(99, 99))
+    recorder._write([again, finished(key)])
+    rows = RequestLog.objects.filter(request_id=first.request_id)
+    assert [(row.status, row.input_tokens) for row in rows] == [("interrupted", 10)]
+    assert RequestLog.objects.filter(tenant_id=key.tenant_id).count() == 2
+
+
+@pytest.mark.django_db
+def test_every_value_is_stored_as_the_row_had_it():
+    key, _ = make_key()
+    channel = make_channel()
+    item = finished(
+        key, channel_id=channel.pk, stream=True, status="stalled", error_kind="stall", attempts=2,
+        upstream_model="gpt-upstream", provider_request_id="req-up-1", prompt_chars=1234, sent_chars=56,
+        ttft_ms=321, duration_ms=4567, upstream_status=200, price_multiplier=Decimal("1.2345"),
+        created_at=timezone.now().replace(microsecond=123456),
+    )
+    expected = to_row(item)
+    Recorder(publish=lambda ids: None)._write([item])
+    stored = RequestLog.objects.get(request_id=item.request_id)
+    fields = [field.attname for field in RequestLog._meta.concrete_fields if not field.primary_key]
+    assert {name: getattr(stored, name) for name in fields} == {name: getattr(expected, name) for name in fields}
