@@ -11,6 +11,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import LedgerEntry, RequestLog
+from core.row_insert import insert_rows
 from hopbase.models import Tenant
 
 
@@ -56,7 +57,7 @@ def post_charges(charges: Sequence[tuple[int, Decimal, int]]) -> list[LedgerEntr
     tenants in common never wait on each other in a cycle; each entry gets
     the balance right after it, in the given order; each tenant's balance is
     written once, as the exact sum (as in ``post_entry``). A few statements
-    whatever the number of entries."""
+    whatever the number of entries; the entries come back without their ids."""
     if not charges:
         return []
     tenant_ids = sorted({tenant_id for tenant_id, _, _ in charges})
@@ -82,7 +83,7 @@ def post_charges(charges: Sequence[tuple[int, Decimal, int]]) -> list[LedgerEntr
                 created_at=now,
             )
         )
-    LedgerEntry.objects.bulk_create(entries)
+    insert_rows(entries)
     Tenant.objects.bulk_update(list(tenants.values()), ["balance_usd"])
     return entries
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import Decimal
 
-from django.db import connections, models
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from channels_pool.models import Channel
+from core.row_insert import insert_rows
 from core.vocabulary import RequestStatus
 from hopbase.models import ApiKey, Tenant
 
@@ -61,32 +62,9 @@ class ModelPrice(models.Model):
 class RequestLogQuerySet(models.QuerySet):
     def insert_new(self, rows: Sequence[RequestLog]) -> None:
         """Insert ``rows``, leaving out any whose ``request_id`` is stored
-        already (a record replayed from the spool): one statement run for the
-        whole batch. ``bulk_create(ignore_conflicts=True)`` does the same,
-        but compiles every value of every row through several layers, about
-        0.3 ms a row, and the recorder writes a row for every request. Only
-        dates and amounts need the backend's conversion; every other column
-        goes to the driver as it is."""
-        if not rows:
-            return
-        connection = connections[self.db]
-        fields = [field for field in self.model._meta.concrete_fields if not field.primary_key]
-        converted = [
-            (field.attname, field if isinstance(field, models.DateTimeField | models.DecimalField) else None)
-            for field in fields
-        ]
-        quote = connection.ops.quote_name
-        sql = (
-            f"INSERT INTO {quote(self.model._meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
-            f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT ({quote('request_id')}) DO NOTHING"
-        )
-        params = [
-            [getattr(row, name) if field is None else field.get_db_prep_save(getattr(row, name), connection)
-             for name, field in converted]
-            for row in rows
-        ]
-        with connection.cursor() as cursor:
-            cursor.executemany(sql, params)
+        already (a record replayed from the spool), with one statement run
+        for the whole batch: the recorder writes a row for every request."""
+        insert_rows(rows, skip_existing="request_id", using=self.db)
 
 
 class RequestLog(models.Model):
