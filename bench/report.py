@@ -33,6 +33,10 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     floor, one, two = per(whole["floor"]), per(whole["gateway"]), per(whole["serve"])
     rows.append(("CPU per relayed non-stream request (50 tokens)", f"{floor * 1e3:.2f} ms (bare relay)",
                  f"{one * 1e3:.2f} ms", f"{one / floor:.2f}×", "≤ 2× floor"))
+    short = tgt["short"]
+    floor_1, one_1 = per(short["floor"]), per(short["gateway"])
+    rows.append(("  the same with one token (the cost apart from the events)", f"{floor_1 * 1e3:.2f} ms (bare relay)",
+                 f"{one_1 * 1e3:.2f} ms", f"{one_1 / floor_1:.2f}×", "—"))
     events = tgt["long_events"]
     long = tgt["long"]
     f_ev, g_ev = per(long["floor"], events), per(long["gateway"], events)
@@ -72,7 +76,7 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     errors = [f"{key}/{name}: {dict(samples.errors)}" for key in ("whole_serial", "chat_stream_serial")
               for name, samples in res[key].items() if samples.errors]
-    errors += [f"{key}/{name}: {dict(t['errors'])}" for key in ("whole", "long", "translated") if key in tgt
+    errors += [f"{key}/{name}: {dict(t['errors'])}" for key in ("whole", "short", "long", "translated") if key in tgt
                for name, t in tgt[key].items() if t["errors"]]
     if "open" in tgt and tgt["open"]["errors"]:
         errors.append(f"open streams: {tgt['open']['errors']}")

@@ -130,15 +130,20 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT, trust_env=False) as client:
         whole = chat_body("Say hello in fifty words. [sim tokens=50]", stream=False)
+        short = chat_body("Say hello. [sim tokens=1]", stream=False)
         long = chat_body("Tell a long story. " + LONG_STREAM, stream=True)
 
-        async def one_whole(t: Target, s: Samples) -> None:
-            started = time.perf_counter()
-            response = await client.post(t.base + "/v1/chat/completions", content=whole, headers=t.chat_headers)
-            if response.status_code == 200:
-                s.latency.append(time.perf_counter() - started)
-            else:
-                s.errors[f"HTTP {response.status_code}"] += 1
+        def one_whole_of(body: bytes) -> Callable[[Target, Samples], Awaitable[None]]:
+            async def one(t: Target, s: Samples) -> None:
+                started = time.perf_counter()
+                response = await client.post(t.base + "/v1/chat/completions", content=body, headers=t.chat_headers)
+                if response.status_code == 200:
+                    s.latency.append(time.perf_counter() - started)
+                else:
+                    s.errors[f"HTTP {response.status_code}"] += 1
+            return one
+
+        one_whole = one_whole_of(whole)
 
         def one_stream(body: bytes) -> Callable[[Target, Samples], Awaitable[None]]:
             async def one(t: Target, s: Samples) -> None:
@@ -157,6 +162,11 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             await interleaved([target], 20, c, one_whole)
         log("CPU per non-stream request: floor, one gateway process, serve --workers 2")
         out["whole"] = await cpu_rounds([floor, gateway, served], pids, args.requests, c, one_whole)
+        await client.delete(sim_url + "/_sim/records")
+        # The same with one token: what a request costs apart from its events
+        # (F4: the gateway reads the channel's stream, the floor one body).
+        log("CPU per non-stream request of one token: floor, one gateway process")
+        out["short"] = await cpu_rounds([floor, gateway], pids, args.requests, c, one_whole_of(short))
         await client.delete(sim_url + "/_sim/records")
 
         out["long_events"] = await stream_events(client, direct, long)
