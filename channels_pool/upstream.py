@@ -320,7 +320,7 @@ class Attempt:
                 self._room = None
             events = self._splitter.feed(item)
             if not events:
-                if len(self._splitter.pending) > MAX_EVENT:
+                if self._splitter.pending_size > MAX_EVENT:
                     self._hang_up()
                     self._items.clear()
                     return UpstreamFailure("cut", self.status)

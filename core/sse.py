@@ -104,16 +104,28 @@ class EventSplitter:
     An event ends at an empty line; a line ends at ``\\r\\n``, ``\\n`` or
     ``\\r``. A ``\\r`` at the very end of the data seen so far may be the first
     half of ``\\r\\n``, so the event is not released until the next byte says.
+
+    Linear in the bytes fed, however large an event grows (a provider may
+    send an image of several MB as one event, in many reads): an unfinished
+    event is kept in a ``bytearray`` that each read is appended to, and the
+    bytes already known to hold no line break are not searched again.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
         # Offset where the line being scanned starts (lines before it, back to
         # the start of the buffer, belong to the unfinished event).
         self._line_start = 0
+        # Bytes at the start of the buffer already searched for line breaks.
+        self._scanned = 0
 
     def feed(self, chunk: bytes) -> list[Event]:
-        buffer = self._buffer + chunk
+        held = self._buffer
+        if held:
+            held += chunk
+            buffer: bytes | bytearray = held
+        else:
+            buffer = chunk  # the common case: nothing pending, no copy
         events: list[Event] = []
         event_start = 0
         pos = self._line_start
@@ -121,8 +133,10 @@ class EventSplitter:
         # The next \n and \r at or after pos, each looked for again only
         # once passed: a chunk of many events (and usually no \r at all) is
         # scanned once, not once per line.
-        nl = buffer.find(b"\n", pos)
-        cr = buffer.find(b"\r", pos)
+        look = max(pos, self._scanned)
+        nl = buffer.find(b"\n", look)
+        cr = buffer.find(b"\r", look)
+        scanned = length
         while pos < length:
             if nl != -1 and nl < pos:
                 nl = buffer.find(b"\n", pos)
@@ -135,21 +149,34 @@ class EventSplitter:
             elif cr + 1 < length:
                 end, after = cr, cr + 2 if buffer[cr + 1] == 0x0A else cr + 1
             else:
-                break  # a lone trailing \r: wait for the next byte
+                scanned = cr  # a lone trailing \r: wait for the next byte
+                break
             if end == pos:  # an empty line closes the event (or stands alone)
-                events.append(Event(buffer[event_start:after]))
+                raw = buffer[event_start:after]
+                events.append(Event(raw if buffer is chunk else bytes(raw)))
                 event_start = after
             pos = after
-        self._buffer = buffer[event_start:]
+        if buffer is held:
+            del held[:event_start]
+        elif event_start < length:
+            held += memoryview(chunk)[event_start:]
         self._line_start = pos - event_start
+        self._scanned = scanned - event_start
         return events
 
     def finish(self) -> list[Event]:
         """At the end of the stream: whatever is left, as a last event."""
-        rest, self._buffer, self._line_start = self._buffer, b"", 0
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        self._line_start = self._scanned = 0
         return [Event(rest)] if rest else []
 
     @property
     def pending(self) -> bytes:
         """Bytes of an unfinished event (what is left when the stream ends)."""
-        return self._buffer
+        return bytes(self._buffer)
+
+    @property
+    def pending_size(self) -> int:
+        """How many bytes ``pending`` holds (without copying them)."""
+        return len(self._buffer)

@@ -14,6 +14,7 @@ STREAMS = {
     "crlf": b'data: {"candidates":[]}\r\n\r\ndata: {"x":"\xe6\x97\xa5"}\r\n\r\n',
     "cr": b"data: one\r\rdata: two\r\r",
     "comments and blank runs": b": ping\n\ndata: a\n\n\n\ndata: b\n\n",
+    "long lines": b"data: " + b"a" * 3000 + b"\r\ndata: " + b"b" * 3000 + b"\r\n\r\ndata: c\r\r",
 }
 
 
@@ -82,3 +83,20 @@ def test_it_joins_several_data_lines_and_skips_comments():
     assert event.data_bytes == b'{"a":\n1}'
     assert event.json == {"a": 1}
     assert event.name is None
+
+
+def test_an_event_of_megabytes_in_many_reads_comes_out_whole() -> None:
+    # An image answered as one event: read in small pieces, it is held (and
+    # counted as held) until its blank line, the last \r\n cut in two.
+    event = b"data: " + b"x" * (2 << 20) + b"\r\n\r\n"
+    stream = event + b"data: next\r\n\r\n"
+    splitter = EventSplitter()
+    events: list[Event] = []
+    held = []
+    for start in range(0, len(event) - 1, 4096):
+        events += splitter.feed(stream[start : min(start + 4096, len(event) - 1)])
+        held.append(splitter.pending_size)
+    assert events == [] and held[-1] == len(event) - 1
+    events += splitter.feed(stream[len(event) - 1 :])
+    assert [e.raw for e in events] == [event, b"data: next\r\n\r\n"]
+    assert all(type(e.raw) is bytes for e in events) and splitter.pending_size == 0
