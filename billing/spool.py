@@ -53,6 +53,15 @@ class Segment:
     pending: set[str] = field(default_factory=set)  # final records not yet in the database
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` may take only part of ``data`` (a signal, a nearly full
+    disk): the rest follows, so that no record is left cut short with the
+    next one written onto its end."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class Spool:
     def __init__(self, directory: Path, max_bytes: int, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
@@ -105,7 +114,7 @@ class Spool:
     def _append(self, kind: bytes, item: Finished) -> None:
         segment = self._writable()
         line = kind + item.to_json() + b"\n"
-        os.write(segment.fd, line)
+        write_all(segment.fd, line)
         segment.size += len(line)
         self._size += len(line)
         if kind == FINAL:
@@ -143,7 +152,7 @@ class Spool:
         current = self._segments[-1]
         for snapshot in self._in_flight.values():
             line = PROGRESS + snapshot().to_json() + b"\n"
-            os.write(current.fd, line)
+            write_all(current.fd, line)
             current.size += len(line)
             self._size += len(line)
         self._prune()

@@ -5,6 +5,7 @@ requests billed for their last progress."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -44,6 +45,18 @@ def test_a_record_survives_its_trip_to_disk_and_back(tmp_path):
     spool.final(original)
     (path,) = tmp_path.glob("*.spool")
     assert read_segment(path) == [original]
+
+
+def test_records_written_in_pieces_are_read_back_whole(tmp_path, monkeypatch):
+    # os.write may take part of a line (a signal, a nearly full disk).
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    originals = [record("req_a"), record("req_b", status=RequestStatus.INTERRUPTED)]
+    for original in originals:
+        spool.final(original)
+    (path,) = tmp_path.glob("*.spool")
+    assert read_segment(path) == originals
 
 
 def test_a_segment_is_deleted_once_its_records_are_in_the_database(tmp_path):
