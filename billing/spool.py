@@ -23,6 +23,7 @@ requests (an alarm, never a silent drop).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -53,13 +54,20 @@ class Segment:
     pending: set[str] = field(default_factory=set)  # final records not yet in the database
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` may take only part of ``data`` (a signal, a nearly full
-    disk): the rest follows, so that no record is left cut short with the
-    next one written onto its end."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def append_line(segment: Segment, line: bytes) -> None:
+    """Append one record's line. ``os.write`` may take only part of it (a
+    signal, a nearly full disk): the rest follows. A line that cannot be
+    finished (the disk full) is taken back off the file, so that the next
+    record does not start on the end of a cut one."""
+    view = memoryview(line)
+    try:
+        while view:
+            view = view[os.write(segment.fd, view) :]
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(segment.fd, segment.size)
+        raise
+    segment.size += len(line)
 
 
 class Spool:
@@ -114,8 +122,7 @@ class Spool:
     def _append(self, kind: bytes, item: Finished) -> None:
         segment = self._writable()
         line = kind + item.to_json() + b"\n"
-        write_all(segment.fd, line)
-        segment.size += len(line)
+        append_line(segment, line)
         self._size += len(line)
         if kind == FINAL:
             segment.pending.add(item.request_id)
@@ -152,8 +159,7 @@ class Spool:
         current = self._segments[-1]
         for snapshot in self._in_flight.values():
             line = PROGRESS + snapshot().to_json() + b"\n"
-            write_all(current.fd, line)
-            current.size += len(line)
+            append_line(current, line)
             self._size += len(line)
         self._prune()
 

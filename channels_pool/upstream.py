@@ -135,7 +135,7 @@ class UpstreamTransport(AiohttpTransport):
                 # wait would cut short a connect that is allowed longer.
                 timeout=aiohttp.ClientTimeout(
                     sock_connect=connect, sock_read=timeout.get("read"),
-                    connect=None if pool is None or connect is None else pool + connect,
+                    connect=pool if pool is None or connect is None else pool + connect,
                 ),
             ).__aenter__()
         extensions = {"http_version": b"HTTP/1.1"}

@@ -11,6 +11,8 @@ import sys
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import pytest
+
 from billing.finished import Finished
 from billing.spool import Spool, read_segment, replay_dead
 from core.usage import Usage
@@ -57,6 +59,28 @@ def test_records_written_in_pieces_are_read_back_whole(tmp_path, monkeypatch):
         spool.final(original)
     (path,) = tmp_path.glob("*.spool")
     assert read_segment(path) == originals
+
+
+def test_a_record_the_disk_could_not_take_whole_leaves_nothing_for_the_next_to_start_on(tmp_path, monkeypatch):
+    real_write = os.write
+    calls = []
+
+    def filling_up(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[:7])  # part of the line, then the disk is full
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)  # room again
+
+    monkeypatch.setattr(os, "write", filling_up)
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    with pytest.raises(OSError):
+        spool.final(record("req_a"))
+    spool.final(record("req_b"))
+    (path,) = tmp_path.glob("*.spool")
+    assert [item.request_id for item in read_segment(path)] == ["req_b"]
+    assert spool.size == path.stat().st_size
 
 
 def test_a_segment_is_deleted_once_its_records_are_in_the_database(tmp_path):
