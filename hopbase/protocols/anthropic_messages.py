@@ -86,25 +86,30 @@ class MessagesWatcher(StreamWatcher):
     def _take_delta(self, index: int, delta: dict[str, Any]) -> int:
         block = self.blocks.setdefault(index, {"type": "text", "text": ""})
         kind = delta.get("type")
+        keep = self.assembles
         if kind == "text_delta":
             text = delta.get("text") or ""
-            block["text"] = block.get("text", "") + text
+            if keep:
+                block["text"] = block.get("text", "") + text
             self.sent_chars += len(text)
             return Mark.CONTENT if text else Mark.PREAMBLE
         if kind == "thinking_delta":
             text = delta.get("thinking") or ""
-            block["thinking"] = block.get("thinking", "") + text
+            if keep:
+                block["thinking"] = block.get("thinking", "") + text
             self.sent_chars += len(text)
             return Mark.CONTENT
         if kind == "signature_delta":
-            block["signature"] = block.get("signature", "") + (delta.get("signature") or "")
+            if keep:
+                block["signature"] = block.get("signature", "") + (delta.get("signature") or "")
             return Mark.CONTENT
         if kind == "input_json_delta":
             fragment = delta.get("partial_json") or ""
-            self.partial_json.setdefault(index, []).append(fragment)
+            if keep:
+                self.partial_json.setdefault(index, []).append(fragment)
             self.sent_chars += len(fragment)
             return Mark.CONTENT
-        if kind == "citations_delta":
+        if kind == "citations_delta" and keep:
             block.setdefault("citations", []).append(delta.get("citation"))
         return Mark.PREAMBLE
 

@@ -102,6 +102,10 @@ class StreamWatcher:
         self.content_type = "text/event-stream"
         self.usage = Usage()
         self.sent_chars = 0
+        # Only an answer the client takes whole is assembled (F4). A stream's
+        # text is counted as it passes, never kept: kept, a long answer would
+        # hold tens of bytes a token for as long as its stream is open.
+        self.assembles = not facts.stream
         self.busy_error = False
         # Id of provider-held state this stream created (P9), e.g. a response id.
         self.state_id: str | None = None

@@ -102,14 +102,16 @@ class GeminiWatcher(StreamWatcher):
     def _take_part(self, part: dict[str, Any]) -> bool:
         text = part.get("text")
         if isinstance(text, str):
-            previous = self.parts[-1] if self.parts else None
-            if previous is not None and "text" in previous and previous.get("thought") == part.get("thought"):
-                previous["text"] += text
-            else:
-                self.parts.append(dict(part))
             self.sent_chars += len(text)
+            if self.assembles:
+                previous = self.parts[-1] if self.parts else None
+                if previous is not None and "text" in previous and previous.get("thought") == part.get("thought"):
+                    previous["text"] += text
+                else:
+                    self.parts.append(dict(part))
             return bool(text)
-        self.parts.append(dict(part))
+        if self.assembles:
+            self.parts.append(dict(part))
         return any(key in part for key in CONTENT_PARTS)
 
     def _take_usage(self, usage: dict[str, Any]) -> None:

@@ -116,13 +116,15 @@ class ChatWatcher(StreamWatcher):
         for key in ("content", "refusal"):
             text = delta.get(key)
             if isinstance(text, str) and text:
-                state[key].append(text)
+                if self.assembles:
+                    state[key].append(text)
                 self.sent_chars += len(text)
                 content = True
         for key in ("reasoning_content", "reasoning"):
             text = delta.get(key)
             if isinstance(text, str) and text:
-                state["reasoning"].setdefault(key, []).append(text)
+                if self.assembles:
+                    state["reasoning"].setdefault(key, []).append(text)
                 self.sent_chars += len(text)
                 content = True
         for call in delta.get("tool_calls") or ():
@@ -134,7 +136,8 @@ class ChatWatcher(StreamWatcher):
             if function.get("name"):
                 slot["name"] += function["name"]
             if function.get("arguments"):
-                slot["args"].append(function["arguments"])
+                if self.assembles:
+                    slot["args"].append(function["arguments"])
                 self.sent_chars += len(function["arguments"])
         if delta.get("audio"):
             content = True

@@ -1,0 +1,94 @@
+"""Every protocol's watcher: a stream's text is counted as it passes and
+never kept (a long answer would hold tens of bytes a token for as long as
+its stream is open), while an answer the client takes whole is assembled
+from the same events (F4)."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections.abc import Callable
+
+import pytest
+
+from core.sse import Event
+from hopbase.protocols import CHAT, GEMINI, MESSAGES
+from hopbase.protocols.base import Api, RequestFacts
+
+DELTAS = 4000
+WORD = "word "
+
+
+def chat_facts(stream: bool) -> RequestFacts:
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return CHAT.parse(body, json.dumps(body).encode(), {})
+
+
+def messages_facts(stream: bool) -> RequestFacts:
+    body = {"model": "claude-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return MESSAGES.parse(body, json.dumps(body).encode(), {})
+
+
+def gemini_facts(stream: bool) -> RequestFacts:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    action = "streamGenerateContent" if stream else "generateContent"
+    route = {"model": "gemini-test", "action": action, "version": "v1beta", "alt": "sse"}
+    return GEMINI.parse(body, json.dumps(body).encode(), route)
+
+
+def sse(data: dict, name: str | None = None) -> bytes:
+    return (f"event: {name}\n" if name else "").encode() + b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def chat_delta(i: int) -> bytes:
+    return sse({"id": "c", "choices": [{"index": 0, "delta": {"content": WORD}}]})
+
+
+def messages_delta(i: int) -> bytes:
+    return sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": WORD}},
+               "content_block_delta")
+
+
+def gemini_delta(i: int) -> bytes:
+    return sse({"candidates": [{"content": {"role": "model", "parts": [{"text": WORD}]}}]})
+
+
+MESSAGES_START = sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                     "content_block_start")
+CASES = {
+    "chat": (CHAT, chat_facts, [], chat_delta),
+    "messages": (MESSAGES, messages_facts, [MESSAGES_START], messages_delta),
+    "gemini": (GEMINI, gemini_facts, [], gemini_delta),
+}
+
+
+def watch(api: Api, facts: RequestFacts, opening: list[bytes], delta: Callable[[int], bytes]) -> tuple[object, int]:
+    """The watcher after DELTAS text deltas, and the memory it grew by."""
+    watcher = api.watcher(facts)
+    for raw in opening:
+        watcher.mark(Event(raw))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(DELTAS):
+            watcher.mark(Event(delta(i)))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return watcher, grown
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_stream_is_counted_not_kept(name):
+    api, facts, opening, delta = CASES[name]
+    watcher, grown = watch(api, facts(stream=True), opening, delta)
+    assert watcher.sent_chars == DELTAS * len(WORD)
+    assert grown < DELTAS * len(WORD) // 4  # far less than the text itself
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_an_answer_taken_whole_is_assembled_from_every_delta(name):
+    api, facts, opening, delta = CASES[name]
+    watcher, _ = watch(api, facts(stream=False), opening, delta)
+    assert watcher.sent_chars == DELTAS * len(WORD)
+    assert json.dumps(json.loads(watcher.assembled_body())).count(WORD) == DELTAS
