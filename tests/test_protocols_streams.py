@@ -1,7 +1,7 @@
-"""Every protocol's watcher: a stream's text is counted as it passes and
-never kept (a long answer would hold tens of bytes a token for as long as
-its stream is open), while an answer the client takes whole is assembled
-from the same events (F4)."""
+"""Every protocol's watcher, and every translated answer's writer: a
+stream's text is counted as it passes and never kept (a long answer would
+hold tens of bytes a token for as long as its stream is open), while an
+answer the client takes whole is assembled from the same events (F4)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from collections.abc import Callable
 import pytest
 
 from core.sse import Event
+from core.usage import Usage
 from hopbase.protocols import CHAT, GEMINI, MESSAGES
 from hopbase.protocols.base import Api, RequestFacts
+from hopbase.translation.anthropic_stream import AnthropicWriter
+from hopbase.translation.chat_stream import ChatWriter
+from hopbase.translation.gemini_stream import GeminiWriter
+from hopbase.translation.neutral import TextDelta
 
 DELTAS = 4000
 WORD = "word "
@@ -92,3 +97,36 @@ def test_an_answer_taken_whole_is_assembled_from_every_delta(name):
     watcher, _ = watch(api, facts(stream=False), opening, delta)
     assert watcher.sent_chars == DELTAS * len(WORD)
     assert json.dumps(json.loads(watcher.assembled_body())).count(WORD) == DELTAS
+
+
+WRITERS = {"chat": (ChatWriter, chat_facts), "messages": (AnthropicWriter, messages_facts),
+           "gemini": (GeminiWriter, gemini_facts)}
+
+
+def write(name: str, stream: bool) -> tuple[object, int, bytes]:
+    """A writer after DELTAS text pieces, the memory it grew by, and the bytes it wrote."""
+    kind, facts = WRITERS[name]
+    writer = kind(facts(stream=stream), "public-model", "req_0123abcd")
+    written = bytearray(writer.write([TextDelta(WORD)]))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(DELTAS - 1):
+            writer.write([TextDelta(WORD)])
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return writer, grown, bytes(written)
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_a_translated_stream_is_written_not_kept(name):
+    writer, grown, first = write(name, stream=True)
+    assert WORD.encode() in first
+    assert grown < DELTAS * len(WORD) // 4
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_a_translated_answer_taken_whole_has_every_piece(name):
+    writer, _, _ = write(name, stream=False)
+    assert json.dumps(json.loads(writer.body(Usage()))).count(WORD) == DELTAS

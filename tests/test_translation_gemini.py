@@ -579,7 +579,7 @@ def test_usage_leaves_out_counts_that_are_zero():
 
 
 def test_redacted_thinking_and_back_to_back_signatures_each_get_a_part():
-    writer = GeminiWriter(facts({"contents": []}), MODEL, "req_1")
+    writer = GeminiWriter(facts({"contents": []}, action="generateContent"), MODEL, "req_1")
     writer.write([ThinkingSignature("a", ANTHROPIC), RedactedThinking("opaque", ANTHROPIC)])
     body = json.loads(writer.body(Usage()))
     # Sealed state as the SDK needs it: base64 (of "hb1.…", so it starts "aGIxL").
@@ -690,7 +690,7 @@ def test_a_call_another_provider_made_carries_the_documented_signature_sentinel(
 def test_signatures_of_interleaved_thinking_stay_with_their_own_calls():
     # Anthropic thinking given out omitted (no thinking text): signature,
     # call, signature, call. Each signature goes on the part after it.
-    writer = GeminiWriter(facts({"contents": []}), MODEL, "req_1")
+    writer = GeminiWriter(facts({"contents": []}, action="generateContent"), MODEL, "req_1")
     writer.write([ThinkingSignature("s1", ANTHROPIC), ToolCallStart(0, "c1", "f"), ToolArguments(0, "{}")])
     writer.write([ThinkingSignature("s2", ANTHROPIC), ToolCallStart(1, "c2", "g"), ToolArguments(1, "{}"),
                   Stop(StopReason.TOOL_USE)])

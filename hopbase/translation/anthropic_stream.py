@@ -188,7 +188,8 @@ class AnthropicWriter(Writer):
         if self._open != "text":
             self._open_block(out, "text", {"type": "text", "text": ""})
         out.append(_DELTA + self._index + _TEXT + dumps(text) + _END)
-        self._parts[-1].append(text)
+        if self.assembles:
+            self._parts[-1].append(text)
 
     def _thinking(self, out: list[bytes], text: str) -> None:
         if not text:
@@ -197,7 +198,8 @@ class AnthropicWriter(Writer):
             self._open_block(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
         if not self._hide_thinking:
             out.append(_DELTA + self._index + _THINKING + dumps(text) + _END)
-            self._parts[-1].append(text)
+            if self.assembles:
+                self._parts[-1].append(text)
 
     def _signature(self, out: list[bytes], piece: ThinkingSignature) -> None:
         if self._open != "thinking" or self._signed:  # state that came without (or after) its text
@@ -220,7 +222,8 @@ class AnthropicWriter(Writer):
         # own index: the SDK accumulates by index.
         index = self._index if block == len(self._blocks) - 1 and self._open else str(block).encode()
         out.append(_DELTA + index + _JSON + dumps(piece.fragment) + _END)
-        self._parts[block].append(piece.fragment)
+        if self.assembles:
+            self._parts[block].append(piece.fragment)
 
     def _open_block(self, out: list[bytes], kind: str, block: dict[str, Any]) -> None:
         self._close(out)

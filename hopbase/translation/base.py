@@ -38,6 +38,9 @@ class Writer:
         self.facts = facts
         self.model = model
         self.request_id = request_id
+        # What only ``body`` needs is kept only for an answer taken whole:
+        # a stream's text is written and let go (as the watchers do).
+        self.assembles = not facts.stream
 
     def write(self, pieces: list[Piece]) -> bytes:
         """Stream bytes for these pieces (the client's preamble comes with

@@ -152,11 +152,13 @@ class ChatWriter(Writer):
         for piece in pieces:
             if type(piece) is TextDelta:
                 if piece.text:
-                    self.text.append(piece.text)
+                    if self.assembles:
+                        self.text.append(piece.text)
                     out.append(self.text_head + dumps(piece.text) + self.delta_tail)
             elif type(piece) is ThinkingDelta:
                 if piece.text:
-                    self.thinking.append(piece.text)
+                    if self.assembles:
+                        self.thinking.append(piece.text)
                     out.append(self.thinking_head + dumps(piece.text) + self.delta_tail)
             elif type(piece) is ToolArguments:
                 if piece.fragment and piece.index < len(self.tools):

@@ -148,7 +148,8 @@ class GeminiWriter(Writer):
                 self._flush_calls(parts)
         if not parts:
             return b""
-        self.parts.extend(parts)
+        if self.assembles:
+            self.parts.extend(parts)
         return self._frame(self._head + dumps(parts) + self._tail)
 
     def _add(self, parts: list[dict[str, Any]], part: dict[str, Any]) -> None:
@@ -174,7 +175,8 @@ class GeminiWriter(Writer):
         self._flush_calls(parts)
         if self.signature is not None:
             self._add(parts, {"text": ""})
-        self.parts.extend(parts)
+        if self.assembles:
+            self.parts.extend(parts)
         return parts
 
     def _frame(self, payload: bytes) -> bytes:
