@@ -54,22 +54,6 @@ class Segment:
     pending: set[str] = field(default_factory=set)  # final records not yet in the database
 
 
-def append_line(segment: Segment, line: bytes) -> None:
-    """Append one record's line. ``os.write`` may take only part of it (a
-    signal, a nearly full disk): the rest follows. A line that cannot be
-    finished (the disk full) is taken back off the file, so that the next
-    record does not start on the end of a cut one."""
-    view = memoryview(line)
-    try:
-        while view:
-            view = view[os.write(segment.fd, view) :]
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.ftruncate(segment.fd, segment.size)
-        raise
-    segment.size += len(line)
-
-
 class Spool:
     def __init__(self, directory: Path, max_bytes: int, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
@@ -121,14 +105,28 @@ class Spool:
 
     def _append(self, kind: bytes, item: Finished) -> None:
         segment = self._writable()
-        line = kind + item.to_json() + b"\n"
-        append_line(segment, line)
-        self._size += len(line)
+        self._write_line(segment, kind + item.to_json() + b"\n")
         if kind == FINAL:
             segment.pending.add(item.request_id)
             self._home[item.request_id] = segment
         if segment.size >= self.segment_bytes:
             self._rotate()
+
+    def _write_line(self, segment: Segment, line: bytes) -> None:
+        """Append one record's line. ``os.write`` may take only part of it (a
+        signal, a nearly full disk): the rest follows. A line that cannot be
+        finished (the disk full) is taken back off the file, so that the next
+        record does not start on the end of a cut one."""
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(segment.fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(segment.fd, segment.size)
+            raise
+        segment.size += len(line)
+        self._size += len(line)
 
     def _writable(self) -> Segment:
         if os.getpid() != self._pid:
@@ -158,9 +156,7 @@ class Spool:
         self._open_segment()
         current = self._segments[-1]
         for snapshot in self._in_flight.values():
-            line = PROGRESS + snapshot().to_json() + b"\n"
-            append_line(current, line)
-            self._size += len(line)
+            self._write_line(current, PROGRESS + snapshot().to_json() + b"\n")
         self._prune()
 
     def _prune(self) -> None:
