@@ -335,6 +335,12 @@ class Attempt:
                 return rest[0]
         return item
 
+    def buffered_event(self) -> Event | None:
+        """The next of the events already read and split, if there is one:
+        the relay takes the events of one read together, without waiting."""
+        events = self._events
+        return events.popleft() if events else None
+
     def ready(self) -> bool:
         """Whether ``next()`` has something to return at once (more of what
         one upstream read carried): the relay sends those together."""

@@ -35,8 +35,9 @@ from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
+from django.urls import ResolverMatch, URLResolver, get_resolver  # noqa: E402
 
-from hopbase import admission, lifecycle  # noqa: E402
+from hopbase import admission, lifecycle, twisted_web  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
 from hopbase.backpressure import unsent_bytes  # noqa: E402
 
@@ -169,12 +170,27 @@ class ApiHandler(ASGIHandler):
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})
 
+    def resolve_request(self, request):
+        """Django's, with the answers remembered: the API's few paths come
+        again and again, and matching them anew was about 2 % of a request's
+        CPU. (No middleware here sets a request's own URLconf.)"""
+        match = resolved(get_resolver(), request.path_info)
+        request.resolver_match = match
+        return match
+
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
         handler = self._get_response_async if is_async else self._get_response
         self._middleware_chain = convert_exception_to_response(handler)
+
+
+@functools.lru_cache(maxsize=1024)
+def resolved(resolver: URLResolver, path: str) -> ResolverMatch:
+    """The view for ``path``; a path that matches none raises ``Resolver404``
+    each time (not remembered). Bounded: Gemini's paths carry model names."""
+    return resolver.resolve(path)
 
 
 def release(response: HttpResponseBase) -> None:
@@ -193,34 +209,7 @@ def release(response: HttpResponseBase) -> None:
     response.closed = True
 
 
-def name_statuses() -> None:
-    """Daphne takes a response's reason phrase from Twisted (ASGI carries
-    none), whose table lacks 429 and Anthropic's 529: they would go out as
-    ``Unknown Status``."""
-    try:
-        from twisted.web import http as twisted_http
-    except ImportError:
-        return
-    twisted_http.RESPONSES.setdefault(429, b"Too Many Requests")
-    twisted_http.RESPONSES.setdefault(529, b"Overloaded")
-
-
-def remember_content_types() -> None:
-    """Twisted parses every POST's Content-Type with the email package (to
-    decode form submissions, which Daphne never reads): about 0.1 ms a
-    request, for the same few values over and over. The answer depends on
-    the header's bytes alone, so recent ones are remembered."""
-    try:
-        from twisted.web import http as twisted_http
-    except ImportError:
-        return
-    parse = twisted_http._parseContentType
-    if not hasattr(parse, "cache_info"):
-        twisted_http._parseContentType = functools.lru_cache(maxsize=64)(parse)
-
-
-name_statuses()
-remember_content_types()
+twisted_web.adjust()
 site = ASGIStaticFilesHandler(get_asgi_application())
 api = ApiHandler()
 lifecycle.install()
