@@ -82,7 +82,9 @@ class Event:
         return parsed
 
     def _parse_json(self) -> object:
-        data = self.data_bytes
+        data = self._data
+        if data is None:
+            data = self._parse()
         if data[:1] not in (b"{", b"["):
             return None
         try:

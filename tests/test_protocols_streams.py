@@ -130,3 +130,39 @@ def test_a_translated_stream_is_written_not_kept(name):
 def test_a_translated_answer_taken_whole_has_every_piece(name):
     writer, _, _ = write(name, stream=False)
     assert json.dumps(json.loads(writer.body(Usage()))).count(WORD) == DELTAS
+
+
+def chat_event(delta: dict, finish: str | None = None, index: int = 0) -> Event:
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-test",
+             "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+    return Event(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+
+def test_a_chat_answer_taken_whole_keeps_every_kind_of_delta():
+    watcher = CHAT.new_watcher(chat_facts(stream=False))
+    events = [
+        chat_event({"role": "assistant", "content": ""}),
+        chat_event({"reasoning_content": "Think "}),
+        chat_event({"reasoning_content": "hard."}),
+        chat_event({"content": "Hel"}),
+        chat_event({"content": "lo", "refusal": None}),
+        chat_event({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                    "function": {"name": "get_", "arguments": '{"ci'}}]}),
+        chat_event({"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": 'ty":1}'}}]}),
+        chat_event({"content": "Other"}, index=1),
+        chat_event({}, finish="tool_calls"),
+        chat_event({"refusal": "No."}, finish="stop", index=1),
+    ]
+    marks = [watcher.mark(event) for event in events]
+    body = json.loads(watcher.assembled_body())
+    first, second = body["choices"]
+    assert marks[0] == 0 and all(marks[1:8]) and marks[8] == 0
+    assert first["message"]["role"] == "assistant"
+    assert first["message"]["reasoning_content"] == "Think hard."
+    assert first["message"]["content"] == "Hello"
+    assert first["message"]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":1}'}}]
+    assert first["finish_reason"] == "tool_calls"
+    assert second["message"] == {"role": "assistant", "content": "Other", "refusal": "No.", "annotations": []}
+    assert second["finish_reason"] == "stop"
+    assert watcher.sent_chars == len("Think hard.Hello" + '{"city":1}' + "OtherNo.")

@@ -36,6 +36,11 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.STREAM_FAILED: (500, "server_error", "server_error"),
 }
 
+# Delta keys that carry text the client is sent: the answer, a refusal, and
+# reasoning (DeepSeek's and OpenRouter's names for it).
+REASONING_KEYS = frozenset(("reasoning_content", "reasoning"))
+TEXT_KEYS = frozenset(("content", "refusal")) | REASONING_KEYS
+
 BUSY_CODES = {"rate_limit_exceeded", "overloaded", "overloaded_error", "server_overloaded", "slow_down"}
 
 
@@ -109,39 +114,44 @@ class ChatWatcher(StreamWatcher):
             }
         if choice.get("finish_reason"):
             state["finish"] = choice["finish_reason"]
-        delta = choice.get("delta") or {}
-        if delta.get("role"):
-            state["role"] = delta["role"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return False
         content = False
-        for key in ("content", "refusal"):
-            text = delta.get(key)
-            if isinstance(text, str) and text:
-                if self.assembles:
-                    state[key].append(text)
-                self.sent_chars += len(text)
+        # The keys the delta has (usually one), rather than a lookup of
+        # every key a delta may have: this runs for every event.
+        for key, value in delta.items():
+            if key in TEXT_KEYS:
+                if isinstance(value, str) and value:
+                    if self.assembles:
+                        if key in REASONING_KEYS:
+                            state["reasoning"].setdefault(key, []).append(value)
+                        else:
+                            state[key].append(value)
+                    self.sent_chars += len(value)
+                    content = True
+            elif key == "role":
+                if value:
+                    state["role"] = value
+            elif key == "tool_calls":
+                for call in value or ():
+                    content = True
+                    self._take_call(state, call)
+            elif key == "audio" and value:
                 content = True
-        for key in ("reasoning_content", "reasoning"):
-            text = delta.get(key)
-            if isinstance(text, str) and text:
-                if self.assembles:
-                    state["reasoning"].setdefault(key, []).append(text)
-                self.sent_chars += len(text)
-                content = True
-        for call in delta.get("tool_calls") or ():
-            content = True
-            slot = state["tools"].setdefault(call.get("index", 0), {"id": None, "type": "function", "name": "", "args": []})
-            if call.get("id"):
-                slot["id"] = call["id"]
-            function = call.get("function") or {}
-            if function.get("name"):
-                slot["name"] += function["name"]
-            if function.get("arguments"):
-                if self.assembles:
-                    slot["args"].append(function["arguments"])
-                self.sent_chars += len(function["arguments"])
-        if delta.get("audio"):
-            content = True
         return content
+
+    def _take_call(self, state: dict[str, Any], call: dict[str, Any]) -> None:
+        slot = state["tools"].setdefault(call.get("index", 0), {"id": None, "type": "function", "name": "", "args": []})
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            slot["name"] += function["name"]
+        if function.get("arguments"):
+            if self.assembles:
+                slot["args"].append(function["arguments"])
+            self.sent_chars += len(function["arguments"])
 
     def stream_error(self, kind: ErrorKind, message: str) -> bytes:
         _, body = openai_error(kind, message)

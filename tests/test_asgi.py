@@ -1,0 +1,145 @@
+"""The API handler (hopbase.asgi): a client that leaves cancels the view or
+the stream at once (B1), and its response is still let go of; a request
+cut from outside (a drain's end) is cut; the API's URL matches are
+remembered."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from django.http import HttpResponse
+from django.urls import get_resolver
+
+from hopbase.asgi import ApiHandler, resolved
+
+WITHIN = 5.0
+
+
+class Client:
+    """``receive`` for a request whose body was read: it blocks until the
+    client leaves."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> dict:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+        self.too_slow = None
+
+    async def __call__(self, message: dict) -> None:
+        self.messages.append(message)
+
+
+def closed_response() -> tuple[HttpResponse, list[str]]:
+    response = HttpResponse(b"{}", content_type="application/json")
+    closed: list[str] = []
+    response._resource_closers.append(lambda: closed.append("closed"))
+    return response, closed
+
+
+def test_a_client_that_leaves_while_the_view_runs_cancels_the_view_and_the_request_ends_quietly():
+    handler = ApiHandler()
+    client, sent = Client(), Sent()
+    view_cancelled = asyncio.Event()
+
+    async def view(request):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            view_cancelled.set()
+            raise
+
+    handler.run_get_response = view
+
+    async def main() -> None:
+        work = asyncio.create_task(handler.respond(None, client.receive, sent))
+        await asyncio.sleep(0)
+        client.gone.set()
+        await asyncio.wait_for(work, WITHIN)  # ends, without a CancelledError
+        assert view_cancelled.is_set()
+        assert work.cancelling() == 0
+        assert sent.messages == []
+
+    asyncio.run(main())
+
+
+def test_a_client_that_leaves_while_the_answer_goes_out_still_has_it_let_go_of():
+    handler = ApiHandler()
+    client = Client()
+    response, closed = closed_response()
+
+    class SlowSend(Sent):
+        async def __call__(self, message: dict) -> None:
+            await super().__call__(message)
+            client.gone.set()
+            await asyncio.Event().wait()  # the socket never takes it
+
+    async def view(request):
+        return response
+
+    handler.run_get_response = view
+    sent = SlowSend()
+
+    async def main() -> None:
+        await asyncio.wait_for(handler.respond(None, client.receive, sent), WITHIN)
+
+    asyncio.run(main())
+    assert sent.messages[0]["type"] == "http.response.start"
+    assert closed == ["closed"]
+
+
+def test_a_request_cut_from_outside_is_cut_and_its_response_let_go_of():
+    handler = ApiHandler()
+    client = Client()
+    response, closed = closed_response()
+    answered = asyncio.Event()
+
+    async def send(message: dict) -> None:
+        answered.set()
+        await asyncio.Event().wait()
+
+    async def view(request):
+        return response
+
+    handler.run_get_response = view
+
+    async def main() -> None:
+        work = asyncio.create_task(handler.respond(None, client.receive, send))
+        await asyncio.wait_for(answered.wait(), WITHIN)
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(work, WITHIN)
+
+    asyncio.run(main())
+    assert closed == ["closed"]
+
+
+def test_an_answer_the_client_stays_for_goes_out_whole():
+    handler = ApiHandler()
+    client, sent = Client(), Sent()
+    response, closed = closed_response()
+
+    async def view(request):
+        return response
+
+    handler.run_get_response = view
+    asyncio.run(asyncio.wait_for(handler.respond(None, client.receive, sent), WITHIN))
+    assert [m["type"] for m in sent.messages] == ["http.response.start", "http.response.body"]
+    assert sent.messages[1]["body"] == b"{}"
+    assert closed == ["closed"]
+
+
+def test_url_matches_are_remembered():
+    resolver = get_resolver()
+    first = resolved(resolver, "/v1/chat/completions")
+    assert resolved(resolver, "/v1/chat/completions") is first
+    assert first.func is resolver.resolve("/v1/chat/completions").func
+    other = resolved(resolver, "/v1/messages")
+    assert other is not first and other.func is resolver.resolve("/v1/messages").func
