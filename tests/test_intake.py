@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from urllib.parse import quote
 
 import httpx
 import pytest
+from django.core.handlers.asgi import ASGIRequest
+from django.test import RequestFactory
 
 from billing.models import RequestLog
+from hopbase.intake import client_headers
 from tests.wire import PROTOCOLS, call, records, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
@@ -396,3 +400,22 @@ def test_a_key_is_refused_once_it_expires(gateway, world):
     # Refused from its expiry on, though the gateway has it cached.
     response = send(gateway, request)
     assert (response.status_code, error_of("chat", response)) == INVALID_KEY["chat"]
+
+
+def test_headers_are_read_by_lower_case_name_with_repeats_joined_as_django_joins_them():
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/messages", "query_string": b"",
+        "headers": [(b"x-api-key", b"hb-key"), (b"anthropic-beta", b"a"), (b"anthropic-beta", b"b"),
+                    (b"content-type", b"application/json"), (b"user-agent", b"Anthropic/Python \xe9")],
+    }
+    request = ASGIRequest(scope, io.BytesIO(b"{}"))
+    headers = client_headers(request)
+    assert headers == {"x-api-key": "hb-key", "anthropic-beta": "a,b", "content-type": "application/json",
+                       "user-agent": "Anthropic/Python \xe9"}
+    assert headers == {name.lower(): value for name, value in request.headers.items()}
+
+
+def test_headers_of_a_request_without_a_scope_come_from_django():
+    request = RequestFactory().post("/v1/messages", b"{}", content_type="application/json", headers={"X-Api-Key": "k"})
+    assert client_headers(request) == {"x-api-key": "k", "content-type": "application/json", "content-length": "2",
+                                      "cookie": ""}
