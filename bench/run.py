@@ -30,9 +30,10 @@ serve --workers 2`` on the same database. Then it measures:
    gateway process, and of both ``serve`` workers summed (``/proc/PID/stat``
    utime+stime, all threads), in alternating rounds of C concurrent
    keep-alive calls, one target at a time so each process's CPU is its own;
-   then the same with one token (``[sim tokens=1]``), gateway against floor:
-   what a request costs apart from reading the channel's events (F4: the
-   gateway reads the channel's stream where the floor relays one body);
+   then the same with 16 tokens (the answer issue 13 was measured with)
+   and with one token (``[sim tokens=1]``), gateway against floor: what a
+   request costs apart from reading the channel's events (F4: the gateway
+   reads the channel's stream where the floor relays one body);
 3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
    gateway against floor, the same way;
 4. CPU per translated stream: a Chat Completions stream for a model only an
