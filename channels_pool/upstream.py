@@ -13,7 +13,7 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import aiohttp
@@ -144,10 +144,22 @@ class UpstreamTransport(AiohttpTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
-            stream=AiohttpResponseStream(response),
+            stream=UpstreamResponseStream(response),
             request=request,
             extensions=extensions,
         )
+
+
+class UpstreamResponseStream(AiohttpResponseStream):
+    """A response body as aiohttp has it, each time all of it that has
+    arrived (not in pieces of a fixed size: an upstream read is one item
+    for the relay however it is cut)."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        body = self._aiohttp_response.content
+        with map_aiohttp_exceptions():
+            while chunk := await body.readany():
+                yield chunk
 
 
 # What the transport may raise for a failed exchange: httpx's own errors, and
@@ -268,7 +280,9 @@ class Attempt:
             if self._whole_body:
                 put(Event(await _read_up_to(response, MAX_WHOLE_BODY)))
             else:
-                async for chunk in response.aiter_raw():
+                # The stream itself, not aiter_raw(): its layers (a chunker,
+                # a context per body) cost more than the bytes of an event.
+                async for chunk in response.stream:
                     put(chunk)
                     self._unread += len(chunk)
                     if self._unread > MAX_UNREAD:

@@ -44,6 +44,9 @@ from hopbase.backpressure import unsent_bytes  # noqa: E402
 log = logging.getLogger("hopbase.asgi")
 
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz", "/metrics")
+# Longer paths are matched afresh each time (see ApiHandler.resolve_request):
+# room for a Gemini model name, not for a client filling memory with paths.
+REMEMBERED_PATH_LENGTH = 200
 
 
 class Sender:
@@ -134,16 +137,24 @@ class ApiHandler(ASGIHandler):
         listener = asyncio.create_task(self.listen_for_disconnect(receive))
         listener.add_done_callback(hang_up)
         response: HttpResponseBase | None = None
+        taken_back = False
         try:
             response = await self.run_get_response(request)
             send.too_slow = getattr(response, "too_slow", None)
             await self.send_response(response, send)
         except asyncio.CancelledError:
+            # The listener's cancel (the client left, while the view ran or
+            # the answer went out) is taken back; one from outside as well
+            # (a drain that ran out of time) goes on.
             if not client_left:
-                raise  # from outside: a drain that ran out of time
-            work.uncancel()  # the client left, while the view ran or the response went out
+                raise
+            taken_back = True
+            if work.uncancel() > 0:
+                raise
         finally:
             running = False
+            if client_left and not taken_back:
+                work.uncancel()  # a view that caught the cancel and ended otherwise
             listener.cancel()
             if response is not None:
                 # Also when the client left before a stream was ever read: its
@@ -174,8 +185,12 @@ class ApiHandler(ASGIHandler):
     def resolve_request(self, request):
         """Django's, with the answers remembered: the API's few paths come
         again and again, and matching them anew was about 2 % of a request's
-        CPU. (No middleware here sets a request's own URLconf.)"""
-        match = resolved(get_resolver(), request.path_info)
+        CPU. (No middleware here sets a request's own URLconf.) Every path
+        under the API matches a route (an unknown one, table E's 404), so
+        whatever a client sends may be remembered: only paths of up to
+        ``REMEMBERED_PATH_LENGTH`` characters, the last 1,024 of them."""
+        path, resolver = request.path_info, get_resolver()
+        match = resolved(resolver, path) if len(path) <= REMEMBERED_PATH_LENGTH else resolver.resolve(path)
         request.resolver_match = match
         return match
 
@@ -189,8 +204,8 @@ class ApiHandler(ASGIHandler):
 
 @functools.lru_cache(maxsize=1024)
 def resolved(resolver: URLResolver, path: str) -> ResolverMatch:
-    """The view for ``path``; a path that matches none raises ``Resolver404``
-    each time (not remembered). Bounded: Gemini's paths carry model names."""
+    """The view for ``path`` (a shared ``ResolverMatch``: Django hands a
+    view copies of its arguments)."""
     return resolver.resolve(path)
 
 

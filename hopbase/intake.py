@@ -91,15 +91,18 @@ def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView],
 
 
 def client_headers(request: HttpRequest) -> dict[str, str]:
-    """The request's headers by lower-case name, a repeated one joined with
-    commas (as Django joins them). Read from the ASGI scope's list where
-    there is one: Django's ``request.headers`` rebuilds every name from
-    ``META`` (about 1 % of a request's CPU)."""
+    """The request's headers by lower-case name, as Django reads them: a
+    repeated one joined with commas, one whose name has an underscore left
+    out (it could pass for its hyphenated twin behind a proxy). Read from
+    the ASGI scope's list where there is one: Django's ``request.headers``
+    rebuilds every name from ``META`` (about 1 % of a request's CPU)."""
     scope = getattr(request, "scope", None)
     if scope is None:
         return {name.lower(): value for name, value in request.headers.items()}
     headers: dict[str, str] = {}
-    for raw_name, raw_value in scope["headers"]:
+    for raw_name, raw_value in scope.get("headers", ()):
+        if b"_" in raw_name:
+            continue
         name, value = raw_name.decode("latin1").lower(), raw_value.decode("latin1")
         headers[name] = f"{headers[name]},{value}" if name in headers else value
     return headers

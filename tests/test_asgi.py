@@ -9,9 +9,10 @@ import asyncio
 
 import pytest
 from django.http import HttpResponse
+from django.test import RequestFactory
 from django.urls import get_resolver
 
-from hopbase.asgi import ApiHandler, resolved
+from hopbase.asgi import REMEMBERED_PATH_LENGTH, ApiHandler, resolved
 
 WITHIN = 5.0
 
@@ -143,3 +144,59 @@ def test_url_matches_are_remembered():
     assert first.func is resolver.resolve("/v1/chat/completions").func
     other = resolved(resolver, "/v1/messages")
     assert other is not first and other.func is resolver.resolve("/v1/messages").func
+
+
+def test_a_request_cut_from_outside_as_its_client_leaves_is_still_cut():
+    handler = ApiHandler()
+    client, sent = Client(), Sent()
+
+    async def view(request):
+        await asyncio.Event().wait()
+
+    handler.run_get_response = view
+
+    async def main() -> None:
+        work = asyncio.create_task(handler.respond(None, client.receive, sent))
+        await asyncio.sleep(0)
+        client.gone.set()
+        await asyncio.sleep(0)  # the listener hears it: its cancel is on its way
+        work.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(work, WITHIN)
+
+    asyncio.run(main())
+
+
+def test_a_view_that_catches_the_disconnect_and_ends_otherwise_leaves_no_cancel_pending():
+    handler = ApiHandler()
+    client, sent = Client(), Sent()
+    response, closed = closed_response()
+
+    async def view(request):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return response
+
+    handler.run_get_response = view
+
+    async def main() -> None:
+        work = asyncio.create_task(handler.respond(None, client.receive, sent))
+        await asyncio.sleep(0)
+        client.gone.set()
+        await asyncio.wait_for(work, WITHIN)
+        assert work.cancelling() == 0
+
+    asyncio.run(main())
+    assert closed == ["closed"]
+
+
+def test_only_paths_of_a_bounded_length_are_remembered():
+    handler = ApiHandler()
+    factory = RequestFactory()
+    resolved.cache_clear()
+    short = factory.post("/v1beta/models/" + "m" * 100 + ":generateContent")
+    handler.resolve_request(short)
+    long = factory.post("/v1beta/models/" + "m" * REMEMBERED_PATH_LENGTH + ":generateContent")
+    assert handler.resolve_request(long).kwargs["model"] == "m" * REMEMBERED_PATH_LENGTH
+    assert resolved.cache_info().currsize == 1

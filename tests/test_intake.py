@@ -402,11 +402,12 @@ def test_a_key_is_refused_once_it_expires(gateway, world):
     assert (response.status_code, error_of("chat", response)) == INVALID_KEY["chat"]
 
 
-def test_headers_are_read_by_lower_case_name_with_repeats_joined_as_django_joins_them():
+def test_headers_are_read_as_django_reads_them_repeats_joined_underscored_names_left_out():
     scope = {
         "type": "http", "method": "POST", "path": "/v1/messages", "query_string": b"",
         "headers": [(b"x-api-key", b"hb-key"), (b"anthropic-beta", b"a"), (b"anthropic-beta", b"b"),
-                    (b"content-type", b"application/json"), (b"user-agent", b"Anthropic/Python \xe9")],
+                    (b"content-type", b"application/json"), (b"user-agent", b"Anthropic/Python \xe9"),
+                    (b"x_api_key", b"smuggled")],
     }
     request = ASGIRequest(scope, io.BytesIO(b"{}"))
     headers = client_headers(request)
