@@ -39,6 +39,10 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
         rows.append((f"  the same with {tokens} token{'s' if tokens > 1 else ''} ({what})",
                      f"{floor_n * 1e3:.2f} ms (bare relay)", f"{one_n * 1e3:.2f} ms", f"{one_n / floor_n:.2f}×",
                      "≤ 2× floor" if tokens == 16 else "—"))
+    bare_50, bare_1 = tgt["bare_reads"][50], tgt["bare_reads"][1]
+    rows.append(("  the 50-token stream itself, read by a bare aiohttp client (F4's share; no gateway)",
+                 f"{bare_1 * 1e3:.2f} ms (one token)", f"{bare_50 * 1e3:.2f} ms",
+                 f"+{(bare_50 - bare_1) * 1e3:.2f} ms = {(bare_50 - bare_1) / floor:.2f}× the bare relay", "—"))
     events = tgt["long_events"]
     long = tgt["long"]
     f_ev, g_ev = per(long["floor"], events), per(long["gateway"], events)

@@ -33,7 +33,9 @@ serve --workers 2`` on the same database. Then it measures:
    then the same with 16 tokens (the answer issue 13 was measured with)
    and with one token (``[sim tokens=1]``), gateway against floor: what a
    request costs apart from reading the channel's events (F4: the gateway
-   reads the channel's stream where the floor relays one body);
+   reads the channel's stream where the floor relays one body); and, with
+   no gateway at all, the same stream of 50 tokens and of one read by a
+   bare aiohttp client in this process: F4's own share of the cost;
 3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
    gateway against floor, the same way;
 4. CPU per translated stream: a Chat Completions stream for a model only an

@@ -11,10 +11,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 import httpx
 
 from bench.measure import CHAT_CONTENT, REQUEST_TIMEOUT, Samples, Target, chat_body, interleaved, log
 from bench.processes import cpu_seconds, rss_mb
+from core.sse import EventSplitter
 
 ROUNDS = 3  # alternating rounds per CPU comparison
 LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
@@ -44,6 +46,33 @@ async def cpu_rounds(targets: list[Target], pids: dict[str, list[int]], count: i
             total["done"] += len(samples.latency)
             total["errors"].update(samples.errors)
     return totals
+
+
+async def bare_stream_reads(direct: Target, tokens: int, count: int, concurrency: int) -> float:
+    """CPU seconds of this process per chat stream of ``tokens`` tokens read
+    from the simulator by a bare aiohttp client, events split and nothing
+    else: what reading a channel's stream costs any gateway on this stack
+    (F4 makes the gateway read one for every non-stream answer)."""
+    body = chat_body(f"Say hello. [sim tokens={tokens}]", stream=True)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def read_one() -> None:
+            async with session.post(direct.base + "/v1/chat/completions", data=body,
+                                    headers=direct.chat_headers) as response:
+                splitter, events = EventSplitter(), 0
+                while chunk := await response.content.readany():
+                    events += len(splitter.feed(chunk))
+                if events <= tokens:
+                    raise RuntimeError(f"a {tokens}-token stream from the simulator had only {events} events")
+
+        async def reader(calls: int) -> None:
+            for _ in range(calls):
+                await read_one()
+
+        await reader(concurrency)  # warm-up: connections open
+        started = time.process_time()
+        await asyncio.gather(*(reader(count // concurrency) for _ in range(concurrency)))
+        return (time.process_time() - started) / (count // concurrency * concurrency)
 
 
 async def stream_events(client: httpx.AsyncClient, target: Target, body: bytes) -> int:
@@ -172,6 +201,9 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             body = chat_body(f"Say hello. [sim tokens={tokens}]", stream=False)
             out["shorter"][tokens] = await cpu_rounds([floor, gateway], pids, args.requests, c, one_whole_of(body))
             await client.delete(sim_url + "/_sim/records")
+
+        log("CPU per chat stream read by a bare aiohttp client: 50 tokens, one token")
+        out["bare_reads"] = {tokens: await bare_stream_reads(direct, tokens, args.requests, c) for tokens in (50, 1)}
 
         out["long_events"] = await stream_events(client, direct, long)
         log(f"CPU per streamed event: {out['long_events']}-event pass-through streams")
