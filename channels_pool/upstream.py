@@ -42,6 +42,7 @@ MAX_EVENT = 16 * 1024 * 1024
 PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 # Where each provider names its request (kept on the request log).
 PROVIDER_REQUEST_ID_HEADERS = (*PASSED_BACK_HEADERS, "x-goog-request-id")
+KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
@@ -125,7 +126,10 @@ class UpstreamTransport(AiohttpTransport):
             response = await self.client.request(
                 method=request.method,
                 url=yarl.URL(str(request.url), encoded=True),
-                headers=request.headers,
+                # As pairs of strings (repeats kept as they are): aiohttp
+                # would otherwise read httpx's Headers through items(),
+                # which decodes every name and value through a property.
+                headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw],
                 data=request.content or None,
                 allow_redirects=False,
                 auto_decompress=False,
@@ -227,7 +231,10 @@ class Attempt:
     ) -> None:
         self.channel = channel
         self.status: int | None = None
-        self.response_headers: httpx.Headers | None = None
+        # The channel's response headers anyone asks for (request ids), by
+        # lower-case name: looked up in httpx's Headers, each name is a scan
+        # of them all.
+        self._kept_headers: dict[str, str] = {}
         self.completed = False  # its terminal event arrived
         self._classify = classify
         self._whole_body = whole_body
@@ -271,7 +278,11 @@ class Attempt:
             return
         try:
             self.status = response.status_code
-            self.response_headers = response.headers
+            self._kept_headers = {
+                name.decode("latin-1"): value.decode("latin-1")
+                for raw_name, value in response.headers.raw
+                if (name := raw_name.lower()) in KEPT_HEADERS
+            }
             if response.status_code != 200:
                 body = await _read_up_to(response, MAX_ERROR_BODY)
                 put(self._classify(response.status_code, body, retry_after_seconds(response.headers)))
@@ -371,11 +382,11 @@ class Attempt:
             self._wake.set_result(None)
 
     def passed_back_headers(self) -> dict[str, str]:
-        found = self.response_headers or {}
+        found = self._kept_headers
         return {name: found[name] for name in PASSED_BACK_HEADERS if name in found}
 
     def provider_request_id(self) -> str:
-        found = self.response_headers or {}
+        found = self._kept_headers
         return next((found[name] for name in PROVIDER_REQUEST_ID_HEADERS if name in found), "")
 
     def end(self) -> None:
