@@ -23,10 +23,11 @@ import bisect
 import datetime as dt
 from collections.abc import Callable, Iterable
 from decimal import Decimal, localcontext
+from typing import Protocol
 
 from django.utils import timezone
 
-from billing.models import ModelPrice, RequestLog
+from billing.models import ModelPrice
 from core.money import CHARGE_QUANTUM, round_charge
 from core.snapshots import Snapshot
 from core.vocabulary import RequestStatus
@@ -41,7 +42,20 @@ class Unpriced(Exception):
     """A billable request for a model that had no price when it was made."""
 
 
-def charge_for(log: RequestLog, price: ModelPrice | None, multiplier: Decimal) -> Decimal:
+class Metered(Protocol):
+    """What pricing reads of a request log (a ``RequestLog``, or the tuple
+    settlement reads one as)."""
+
+    model: str
+    status: str
+    created_at: dt.datetime
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+
+def charge_for(log: Metered, price: ModelPrice | None, multiplier: Decimal) -> Decimal:
     """The exact charge of one request log in USD, rounded once (see module
     docstring). Failed and rejected requests, and requests without tokens,
     cost nothing and need no price; otherwise a missing price raises

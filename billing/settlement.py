@@ -50,6 +50,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -124,9 +125,27 @@ def _settle_batch(ids: list[int], prices: PriceHistory | None, skip_locked: bool
         raise
 
 
+class _Log(NamedTuple):
+    """What settlement reads of a request log: a tuple, not a model instance
+    with its tenant's (building those cost more than pricing the log)."""
+
+    pk: int
+    tenant_id: int
+    created_at: dt.datetime
+    model: str
+    status: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    price_multiplier: Decimal | None
+    tenant_multiplier: Decimal
+    in_ledger: bool
+
+
 _LOG_FIELDS = (
     "id", "tenant_id", "created_at", "model", "status", "input_tokens", "output_tokens", "cache_read_tokens",
-    "cache_write_tokens", "price_multiplier", "tenant__price_multiplier",
+    "cache_write_tokens", "price_multiplier", "tenant__price_multiplier", "in_ledger",
 )
 
 
@@ -136,14 +155,14 @@ def _settle_locked(ids: list[int], prices: PriceHistory | None, skip_locked: boo
     # rows are locked in id order (ORDER BY below the lock), and a settled
     # row is not locked at all: on PostgreSQL a row settled while we waited
     # for it no longer matches and is left out.
-    rows = list(
-        RequestLog.objects.select_for_update(of=("self",), skip_locked=skip_locked)
-        .select_related("tenant")
-        .only(*_LOG_FIELDS)
+    rows = [
+        _Log._make(values)
+        for values in RequestLog.objects.select_for_update(of=("self",), skip_locked=skip_locked)
         .annotate(in_ledger=Exists(LedgerEntry.objects.filter(request_log=OuterRef("pk"))))
         .filter(pk__in=ids, settled_at__isnull=True)
         .order_by("pk")
-    )
+        .values_list(*_LOG_FIELDS)
+    ]
     outcomes: dict[int, Outcome] = {}
     if len(rows) < len(ids):
         locked = {row.pk for row in rows}
@@ -174,7 +193,7 @@ def _settle_locked(ids: list[int], prices: PriceHistory | None, skip_locked: boo
             outcomes[row.pk] = Outcome.ALREADY
             continue
         try:
-            multiplier = row.price_multiplier if row.price_multiplier is not None else row.tenant.price_multiplier
+            multiplier = row.price_multiplier if row.price_multiplier is not None else row.tenant_multiplier
             charge = charge_for(row, prices.at(row.model, row.created_at), multiplier)
         except Unpriced as error:
             log.warning("request log %s left unsettled: %s", row.pk, error)
