@@ -26,16 +26,16 @@ serve --workers 2`` on the same database. Then it measures:
    latency of a non-stream Chat request and added time to first token of a
    stream (p50 of gateway minus p50 of direct), held against what the floor
    adds the same way;
-2. CPU per non-stream request (``[sim tokens=50]``) of the floor, of the
-   gateway process, and of both ``serve`` workers summed (``/proc/PID/stat``
-   utime+stime, all threads), in alternating rounds of C concurrent
-   keep-alive calls, one target at a time so each process's CPU is its own;
-   then the same with 16 tokens (the answer issue 13 was measured with)
-   and with one token (``[sim tokens=1]``), gateway against floor: what a
-   request costs apart from reading the channel's events (F4: the gateway
-   reads the channel's stream where the floor relays one body); and, with
-   no gateway at all, the same stream of 50 tokens and of one read by a
-   bare aiohttp client in this process: F4's own share of the cost;
+2. CPU per non-stream request of the floor and of the gateway process
+   (``/proc/PID/stat`` utime+stime, all threads) for answers of 50 tokens,
+   of 16 (the answer issue 13 was measured with) and of one (what a request
+   costs apart from reading the channel's events: F4, the gateway reads the
+   channel's stream where the floor relays one body), all six in the same
+   alternating rounds of C concurrent keep-alive calls, one at a time so
+   each process's CPU is its own; then one gateway process against both
+   ``serve`` workers summed, 50 tokens, the same way; and, with no gateway
+   at all, the same stream of 50 tokens and of one read by a bare aiohttp
+   client in this process: F4's own share of the cost;
 3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
    gateway against floor, the same way;
 4. CPU per translated stream: a Chat Completions stream for a model only an

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +22,9 @@ from core.sse import EventSplitter
 ROUNDS = 3  # alternating rounds per CPU comparison
 LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
 TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 events
-SHORTER_ANSWERS = (16, 1)  # tokens of the non-stream answers measured beside the 50-token one
+# Tokens of the non-stream answers measured: 50; 16, what issue 13 was
+# measured with; one, what a request costs apart from its events.
+WHOLE_ANSWERS = (50, 16, 1)
 HOLD_PACE = 600  # seconds between tokens of a held-open stream
 
 
@@ -46,6 +49,22 @@ async def cpu_rounds(targets: list[Target], pids: dict[str, list[int]], count: i
             total["done"] += len(samples.latency)
             total["errors"].update(samples.errors)
     return totals
+
+
+One = Callable[[Target, Samples], Awaitable[None]]
+
+
+def named_legs(legs: list[tuple[str, Target, One]], pids: dict[str, list[int]]
+               ) -> tuple[list[Target], dict[str, list[int]], One]:
+    """``cpu_rounds``' targets, pids and ``one`` for legs of their own names
+    (one target called with different bodies, say): each leg's call."""
+    ones = {name: one for name, _, one in legs}
+
+    async def one_of_its_leg(t: Target, s: Samples) -> None:
+        await ones[t.name](t, s)
+
+    targets = [dataclasses.replace(target, name=name) for name, target, _ in legs]
+    return targets, {name: pids[target.name] for name, target, _ in legs}, one_of_its_leg
 
 
 async def bare_stream_reads(direct: Target, tokens: int, count: int, concurrency: int) -> float:
@@ -159,7 +178,6 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
     c = args.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT, trust_env=False) as client:
-        whole = chat_body("Say hello in fifty words. [sim tokens=50]", stream=False)
         long = chat_body("Tell a long story. " + LONG_STREAM, stream=True)
 
         def one_whole_of(body: bytes) -> Callable[[Target, Samples], Awaitable[None]]:
@@ -171,8 +189,6 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
                 else:
                     s.errors[f"HTTP {response.status_code}"] += 1
             return one
-
-        one_whole = one_whole_of(whole)
 
         def one_stream(body: bytes) -> Callable[[Target, Samples], Awaitable[None]]:
             async def one(t: Target, s: Samples) -> None:
@@ -187,20 +203,21 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
                     s.errors[f"HTTP {response.status_code}"] += 1
             return one
 
-        for target in (floor, served):  # warm-up
-            await interleaved([target], 20, c, one_whole)
-        log("CPU per non-stream request: floor, one gateway process, serve --workers 2")
-        out["whole"] = await cpu_rounds([floor, gateway, served], pids, args.requests, c, one_whole)
+        whole = {tokens: chat_body(f"Say hello. [sim tokens={tokens}]", stream=False) for tokens in WHOLE_ANSWERS}
+        for target in (floor, gateway, served):  # warm-up
+            await interleaved([target], 20, c, one_whole_of(whole[50]))
+        # Every answer size, floor and gateway, in the same alternating
+        # rounds: each ratio is taken over the same stretch of the machine's
+        # (noisy) time.
+        log(f"CPU per non-stream request of {', '.join(map(str, WHOLE_ANSWERS))} tokens: floor, one gateway process")
+        legs = [(f"{target.name} {tokens}", target, one_whole_of(body))
+                for tokens, body in whole.items() for target in (floor, gateway)]
+        targets, leg_pids, one = named_legs(legs, pids)
+        out["whole"] = await cpu_rounds(targets, leg_pids, args.requests, c, one)
         await client.delete(sim_url + "/_sim/records")
-        # The same with fewer tokens: 16, the answer issue 13 was measured
-        # with, and one, what a request costs apart from its events (F4: the
-        # gateway reads the channel's stream, the floor one body).
-        out["shorter"] = {}
-        for tokens in SHORTER_ANSWERS:
-            log(f"CPU per non-stream request of {tokens} tokens: floor, one gateway process")
-            body = chat_body(f"Say hello. [sim tokens={tokens}]", stream=False)
-            out["shorter"][tokens] = await cpu_rounds([floor, gateway], pids, args.requests, c, one_whole_of(body))
-            await client.delete(sim_url + "/_sim/records")
+        log("CPU per non-stream request: one gateway process, serve --workers 2")
+        out["serve"] = await cpu_rounds([gateway, served], pids, args.requests, c, one_whole_of(whole[50]))
+        await client.delete(sim_url + "/_sim/records")
 
         log("CPU per chat stream read by a bare aiohttp client: 50 tokens, one token")
         out["bare_reads"] = {tokens: await bare_stream_reads(direct, tokens, args.requests, c) for tokens in (50, 1)}
@@ -217,8 +234,9 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
         out["translated_events"] = await stream_events(client, gateway, translated)
         if out["translated_events"] > 0:
             log(f"CPU per stream of {out['translated_events']} events: passed through, translated")
-            out["passed"] = await cpu_rounds([gateway], pids, args.streams, c, one_stream(passed))
-            out["translated"] = await cpu_rounds([gateway], pids, args.streams, c, one_stream(translated))
+            legs = [("passed", gateway, one_stream(passed)), ("translated", gateway, one_stream(translated))]
+            targets, leg_pids, one = named_legs(legs, pids)
+            out["translation"] = await cpu_rounds(targets, leg_pids, args.streams, c, one)
             await client.delete(sim_url + "/_sim/records")
     if args.open_streams:
         out["open"] = await open_streams(args.open_streams, served, sim_url, pids["serve"])
