@@ -9,8 +9,8 @@ import asyncio
 from billing.recorder import recorder as billing_recorder
 from channels_pool.affinity import affinity
 from channels_pool.health import board
+from channels_pool.http_client import new_client
 from channels_pool.selection import directory
-from channels_pool.upstream import new_client
 from hopbase import lifecycle
 from hopbase.limits import limits
 from hopbase.metrics import Counted, PrometheusMeter

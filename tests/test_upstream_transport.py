@@ -1,4 +1,4 @@
-"""The gateway's real HTTP client (channels_pool.upstream.new_client: httpx
+"""The gateway's real HTTP client (channels_pool.http_client.new_client: httpx
 over aiohttp) against a plain socket server: a cut mid-stream is still an
 interruption, a hang-up closes the upstream connection at once, connections
 go back to the pool, and the pool's limit holds."""
@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from channels_pool.upstream import Attempt, Signal, new_client
+from channels_pool.http_client import new_client
+from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
 
