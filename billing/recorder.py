@@ -122,6 +122,7 @@ class Recorder:
         self._written = threading.Condition(self._lock)
         self._publish = publish
         self._spool = spool
+        self._stopping = threading.Event()  # cuts a batch's wait short
 
     @property
     def spool(self) -> Spool:
@@ -189,12 +190,17 @@ class Recorder:
             batch = [first] if isinstance(first, Finished) else []
             # A deadline for the batch, not a gap between arrivals: under
             # steady traffic the first record would otherwise wait for 500.
+            # The thread sleeps until the deadline rather than waking for
+            # each record: a wake-up takes the GIL from the event loop.
             deadline = time.monotonic() + settings.HOPBASE_LOG_FLUSH_INTERVAL
             while batch and len(batch) < self.BATCH:
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stopping.wait(left):
+                        break
+                    continue
                 if item is _STOP:
                     stopping = True
                     break
@@ -286,6 +292,7 @@ class Recorder:
         thread = self._thread
         if thread is not None:
             self._queue.put(_STOP)
+            self._stopping.set()
             thread.join(timeout)
 
 

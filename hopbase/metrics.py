@@ -47,7 +47,7 @@ from core.errors import ErrorKind
 from core.snapshots import database_call
 from core.vocabulary import RequestStatus
 
-MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+MULTIPROCESS = bool(settings.PROMETHEUS_MULTIPROC_DIR)
 SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 LIMIT_KINDS = {ErrorKind.RATE_LIMIT.value: "rate_limit", ErrorKind.BALANCE.value: "balance"}
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -64,6 +64,28 @@ open_streams = Gauge("hopbase_open_streams", "Streams being relayed.", multiproc
 refusals_total = Counter("hopbase_limit_refusals", "Requests refused by a limit.", ["kind"])
 
 
+class Children:
+    """A metric's labelled children, remembered: ``labels()`` checks and
+    converts its values on every call, and a request counts several. As
+    bounded as the metric itself (its label values are)."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
+
+requests_by = Children(requests_total)
+attempts_by = Children(attempts_total)
+ttft_by = Children(ttft)
+duration_by = Children(duration)
+
+
 def model_label(model: str) -> str:
     return model if model in prices.known() else "other"
 
@@ -71,14 +93,15 @@ def model_label(model: str) -> str:
 def observe(item: Finished) -> None:
     """One recorded request."""
     model = model_label(item.model)
-    requests_total.labels(item.protocol.value, model, item.status.value).inc()
+    protocol = item.protocol.value
+    requests_by(protocol, model, item.status.value).inc()
     if item.status is RequestStatus.REJECTED:
         if kind := LIMIT_KINDS.get(item.error_kind):
             refusals_total.labels(kind).inc()
         return
-    duration.labels(item.protocol.value, model).observe(item.duration_ms / 1000)
+    duration_by(protocol, model).observe(item.duration_ms / 1000)
     if item.ttft_ms is not None:
-        ttft.labels(item.protocol.value, model).observe(item.ttft_ms / 1000)
+        ttft_by(protocol, model).observe(item.ttft_ms / 1000)
 
 
 class Counted:
@@ -187,7 +210,7 @@ class PrometheusMeter:
     """The relay's reports, counted (hopbase.relay.Meter)."""
 
     def attempt(self, channel: Any, outcome: str) -> None:
-        attempts_total.labels(channel.name, outcome).inc()
+        attempts_by(channel.name, outcome).inc()
 
     def stream_opened(self) -> None:
         open_streams.inc()

@@ -73,7 +73,16 @@ SQLITE_OPTIONS = {
 def sqlite_database(path: str | Path, test_path: str | Path) -> dict:
     # The test database is a file, not memory: tests run the gateway as a
     # separate process.
-    return {"ENGINE": "django.db.backends.sqlite3", "NAME": path, "OPTIONS": SQLITE_OPTIONS, "TEST": {"NAME": test_path}}
+    # Connections are kept, as PostgreSQL's are: opening one runs the
+    # init_command and registers Django's functions, and the log writer
+    # would otherwise do that for every batch.
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": path,
+        "OPTIONS": SQLITE_OPTIONS,
+        "CONN_MAX_AGE": 60,
+        "TEST": {"NAME": test_path},
+    }
 
 
 def database_from_url(name: str, url: str | None) -> dict:
@@ -242,6 +251,9 @@ HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, 
 # the server can tell) is ended with the interruption event.
 # If set, GET /metrics needs "Authorization: Bearer <token>".
 HOPBASE_METRICS_TOKEN = env_str("HOPBASE_METRICS_TOKEN", "")
+# Where prometheus-client keeps the counters of several processes (it reads
+# the variable itself; manage.py serve sets it for its workers).
+PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
 HOPBASE_MAX_UNSENT_BYTES = env_int("HOPBASE_MAX_UNSENT_BYTES", 4 * 1024 * 1024, minimum=4096)
 # Circuit breaker (channels_pool.health): failures in a row before a channel
 # is skipped, and the first and longest cool-down.

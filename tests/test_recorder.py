@@ -120,3 +120,30 @@ def test_every_value_is_stored_as_the_row_had_it():
     stored = RequestLog.objects.get(request_id=item.request_id)
     fields = [field.attname for field in RequestLog._meta.concrete_fields if not field.primary_key]
     assert {name: getattr(stored, name) for name in fields} == {name: getattr(expected, name) for name in fields}
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_records_within_one_flush_interval_are_written_as_one_batch(settings):
+    settings.HOPBASE_LOG_FLUSH_INTERVAL = 0.5
+    key, _ = make_key()
+    published: list[list[int]] = []
+    recorder = Recorder(publish=published.append)
+    items = [finished(key) for _ in range(20)]
+    for item in items:
+        recorder.record(item)
+    assert recorder.flush(10)
+    recorder.stop()
+    assert len(written(items)) == 20
+    assert [len(ids) for ids in published] == [20]
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_stopping_writes_what_is_queued_without_waiting_out_the_interval(settings):
+    settings.HOPBASE_LOG_FLUSH_INTERVAL = 60
+    key, _ = make_key()
+    recorder = Recorder(publish=lambda ids: None)
+    item = finished(key)
+    recorder.record(item)
+    recorder.stop(timeout=10)
+    assert list(written([item])) == [item.request_id]
+    assert recorder.flush(0)

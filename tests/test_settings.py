@@ -79,6 +79,12 @@ def test_it_reads_a_sqlite_url():
     assert config["NAME"] == "/tmp/hop.db"
 
 
+def test_it_keeps_database_connections_for_a_while_whatever_the_database():
+    # Otherwise the log writer opens a connection for every batch.
+    for url in (None, "sqlite:///tmp/hop.db", "postgres://u@db:5432/hop"):
+        assert database_from_url("DATABASE_URL", url)["CONN_MAX_AGE"] == 60
+
+
 def test_it_reads_a_postgres_url():
     config = database_from_url("DATABASE_URL", "postgres://bob:p%40ss@db.example:6543/hop")
     assert config["ENGINE"] == "django.db.backends.postgresql"

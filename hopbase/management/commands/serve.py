@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -30,7 +31,7 @@ def fresh_metrics_dir() -> Path:
     """Where the workers keep their metrics (prometheus-client's multiprocess
     mode), so that any of them answers a scrape with the totals of all: the
     operator's PROMETHEUS_MULTIPROC_DIR emptied, or a new folder."""
-    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    given = settings.PROMETHEUS_MULTIPROC_DIR
     if given:
         shutil.rmtree(given, ignore_errors=True)
         Path(given).mkdir(parents=True)
@@ -87,7 +88,7 @@ class Command(BaseCommand):
             for child in children:
                 child.wait()
             listener.close()
-            if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            if not settings.PROMETHEUS_MULTIPROC_DIR:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
         if crashed:
             # A supervisor restarting on failure should see one.
