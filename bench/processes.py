@@ -73,8 +73,17 @@ class Child:
         self._log.close()
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of a process, in seconds."""
+    """CPU time of every thread of a process, in seconds: from the kernel's
+    clock for that process (to the nanosecond) where it gives one, else
+    utime + stime from /proc (in ticks of 10 ms: 2-5 % of a round's CPU)."""
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) == 0:
+        with contextlib.suppress(OSError):
+            return time.clock_gettime(clock.value)
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
