@@ -18,6 +18,7 @@ Daphne's shutdown does not cut short (a graceful drain on SIGTERM).
 
 import asyncio
 import functools
+import io
 import logging
 import os
 from contextlib import aclosing
@@ -181,6 +182,25 @@ class ApiHandler(ASGIHandler):
             async for part in content:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})
+
+    async def read_body(self, receive) -> io.BytesIO:
+        """The body, in memory: the API reads it whole (as JSON) anyway, so
+        Django's spooled temporary file only cost time. Past
+        ``HOPBASE_MAX_BODY_BYTES`` the rest is read and dropped: the
+        request is refused for its size (413, hopbase.intake), and a client
+        sending without end cannot fill memory or disk."""
+        keep = settings.HOPBASE_MAX_BODY_BYTES + 1
+        parts: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            if chunk and keep > 0:
+                parts.append(chunk[:keep])
+                keep -= len(chunk)
+            if not message.get("more_body", False):
+                return io.BytesIO(b"".join(parts))
 
     def resolve_request(self, request):
         """Django's, with the answers remembered: the API's few paths come

@@ -1,13 +1,14 @@
 """The API handler (hopbase.asgi): a client that leaves cancels the view or
 the stream at once (B1), and its response is still let go of; a request
 cut from outside (a drain's end) is cut; the API's URL matches are
-remembered."""
+remembered; a body is read into memory, never more of it than the limit."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from django.core.exceptions import RequestAborted
 from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import get_resolver
@@ -200,3 +201,32 @@ def test_only_paths_of_a_bounded_length_are_remembered():
     long = factory.post("/v1beta/models/" + "m" * REMEMBERED_PATH_LENGTH + ":generateContent")
     assert handler.resolve_request(long).kwargs["model"] == "m" * REMEMBERED_PATH_LENGTH
     assert resolved.cache_info().currsize == 1
+
+
+def body_messages(*chunks: bytes) -> list[dict]:
+    return [{"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1} for i, chunk in enumerate(chunks)]
+
+
+def receiving(messages: list[dict]):
+    async def receive() -> dict:
+        return messages.pop(0)
+    return receive
+
+
+def test_a_body_in_parts_is_read_whole():
+    body = asyncio.run(ApiHandler().read_body(receiving(body_messages(b'{"model"', b"", b': "m"}'))))
+    assert body.read() == b'{"model": "m"}'
+
+
+def test_a_body_past_the_limit_is_read_to_its_end_but_kept_only_to_one_byte_past_it(settings):
+    settings.HOPBASE_MAX_BODY_BYTES = 10
+    messages = body_messages(b"123456", b"789abc", b"d" * 1000, b"e")
+    body = asyncio.run(ApiHandler().read_body(receiving(messages)))
+    assert messages == []
+    assert body.read() == b"123456789ab"
+
+
+def test_a_client_that_leaves_while_sending_its_body_aborts_the_request():
+    messages = [*body_messages(b"{", b"}")[:1], {"type": "http.disconnect"}]
+    with pytest.raises(RequestAborted):
+        asyncio.run(ApiHandler().read_body(receiving(messages)))

@@ -100,6 +100,22 @@ def test_a_body_over_the_limit_gets_413_in_the_callers_format(gateway, world, pr
     assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "rejected"
 
 
+def test_a_body_of_no_declared_length_past_the_limit_gets_413(gateway, world):
+    # Sent in chunks, without Content-Length: only its size read says it is too large.
+    request = call("chat", world.key, "sim-model", "hi")
+    piece = b"x" * 16_384
+
+    def chunks():
+        yield json.dumps(request.body).encode()[:-1] + b', "pad": "'
+        for _ in range(64):  # 1 MiB, sixteen times the test gateway's limit
+            yield piece
+        yield b'"}'
+
+    response = httpx.post(gateway.url + request.path, content=chunks(), headers=request.headers)
+    assert response.status_code == 413
+    assert error_of("chat", response) == TOO_LARGE["chat"]
+
+
 NOT_FOUND = {"chat": "invalid_request_error", "responses": "invalid_request_error", "messages": "not_found_error", "gemini": "NOT_FOUND"}
 
 
