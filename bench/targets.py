@@ -19,7 +19,9 @@ from bench.measure import CHAT_CONTENT, REQUEST_TIMEOUT, Samples, Target, chat_b
 from bench.processes import cpu_seconds, rss_mb
 from core.sse import EventSplitter
 
-ROUNDS = 3  # alternating rounds per CPU comparison
+# Alternating rounds per CPU comparison: a ratio is the median of the
+# rounds' own, each over a short stretch of this noisy machine's time.
+ROUNDS = 6
 LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
 TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 events
 # Tokens of the non-stream answers measured: 50; 16, what issue 13 was
@@ -28,24 +30,45 @@ WHOLE_ANSWERS = (50, 16, 1)
 HOLD_PACE = 600  # seconds between tokens of a held-open stream
 
 
+async def quiet_cpu(pids: list[int], within: float = 5.0) -> dict[int, float]:
+    """The processes' CPU seconds once they are idle: what a round set off
+    in the background (the log writer's batch, 0.2 s after a record, and
+    settlement) is counted in that round, not lost, nor counted in the
+    next. Idle: under a millisecond of CPU in 0.3 s; waited for at most
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    readings = [{pid: cpu_seconds(pid) for pid in pids}]
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        readings = [*readings[-6:], {pid: cpu_seconds(pid) for pid in pids}]
+        if len(readings) == 7 and sum(readings[-1].values()) - sum(readings[0].values()) < 0.001:
+            break
+    return readings[-1]
+
+
 async def cpu_rounds(targets: list[Target], pids: dict[str, list[int]], count: int, concurrency: int,
                      one: Callable[[Target, Samples], Awaitable[None]]) -> dict[str, dict]:
     """``count`` calls per target in ``ROUNDS`` alternating rounds, one target
     at a time; per target the calls done, their errors and the CPU seconds of
-    the processes named in ``pids[target.name]`` (summed)."""
-    totals = {t.name: {"done": 0, "cpu": 0.0, "errors": collections.Counter(), "per_pid": collections.Counter()}
-              for t in targets}
+    the processes named in ``pids[target.name]`` (summed), in all and in each
+    round (``rounds``: CPU seconds per call)."""
+    totals = {t.name: {"done": 0, "cpu": 0.0, "errors": collections.Counter(), "per_pid": collections.Counter(),
+                       "rounds": []} for t in targets}
     for round_ in range(ROUNDS):
         size = count // ROUNDS + (round_ < count % ROUNDS)
         for target in targets:
             watched = pids[target.name]
-            before = {pid: cpu_seconds(pid) for pid in watched}
+            before = await quiet_cpu(watched)
             samples = (await interleaved([target], size, concurrency, one))[target.name]
+            after = await quiet_cpu(watched)
             total = totals[target.name]
+            in_round = 0.0
             for pid in watched:
-                spent = cpu_seconds(pid) - before[pid]
-                total["cpu"] += spent
+                spent = after[pid] - before[pid]
+                in_round += spent
                 total["per_pid"][pid] += spent
+            total["cpu"] += in_round
+            total["rounds"].append(in_round / max(len(samples.latency), 1))
             total["done"] += len(samples.latency)
             total["errors"].update(samples.errors)
     return totals
