@@ -21,11 +21,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 
 from billing.finished import Finished
 from core.dependencies import database
@@ -63,7 +63,8 @@ class Caller:
     def finished(self, request_id: str, api: ApiName, status: RequestStatus, **fields: Any) -> Finished:
         """The record of a request of this caller's that ends now (made now,
         unless ``created_at`` says when)."""
-        fields.setdefault("created_at", timezone.now())
+        if "created_at" not in fields:
+            fields["created_at"] = datetime.now(UTC)
         return Finished(
             request_id=request_id,
             tenant_id=self.tenant_id,

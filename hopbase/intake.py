@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.balances import balances, key_spend
@@ -75,7 +75,7 @@ def authorized(api: Api | Callable[[HttpRequest], Api]) -> Callable[[EntryView],
                 if caller is None:
                     response = error_response(chosen, GatewayError(ErrorKind.INVALID_KEY))
                 else:
-                    key_usage.note(caller.key_id, timezone.now())
+                    key_usage.note(caller.key_id, datetime.now(UTC))
                     response = await view(Call(request, request_id, headers, caller, chosen), **kwargs)
             except GatewayError as error:
                 # D3: the database did not answer and nothing known does (a

@@ -22,7 +22,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,6 +38,7 @@ from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.limits import POLL_SECONDS, Limits
 from hopbase.protocols.base import Api, Mark, RequestFacts
+from hopbase.releases import Releases
 from hopbase.run import DRAIN_RETRY_AFTER, STREAM_HEADERS, Committed, Drain, Reply, Run, error_reply
 from hopbase.translation.legs import Leg, Legs
 from hopbase.translation.neutral import CannotServe
@@ -191,7 +191,7 @@ class Relay:
         failures: list[UpstreamFailure] = []
         for index, (channel, leg) in enumerate(routes):
             is_last = index == len(routes) - 1
-            with ExitStack() as held:
+            with Releases() as held:
                 if not await self._take_capacity(channel, may_wait=is_last, held=held):
                     failures.append(UpstreamFailure("capacity", busy=True))
                     self.meter.attempt(channel, "capacity")
@@ -203,7 +203,7 @@ class Relay:
                 self.meter.attempt(channel, "ok" if isinstance(outcome, Committed) else outcome.kind)
                 if isinstance(outcome, Committed):
                     run.committed = True
-                    run.resources.enter_context(held.pop_all())
+                    run.resources.take_over(held)
                     return outcome
             if outcome is DRAINED:
                 run.error_kind = DRAINED.kind
@@ -220,7 +220,7 @@ class Relay:
         run.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
 
-    def _start_attempt(self, run: Run, channel: ChannelInfo, leg: Leg, held: ExitStack) -> Attempt:
+    def _start_attempt(self, run: Run, channel: ChannelInfo, leg: Leg, held: Releases) -> Attempt:
         request = leg.api.upstream_request(channel, leg.facts, run.headers)
         self.board.started(channel.id)
         held.callback(self.board.ended, channel.id)
@@ -287,7 +287,7 @@ class Relay:
                         run.content_arrived(attempt.channel.id)
                         return Committed(attempt, watcher, b"".join(held), ended=bool(mark & Mark.TERMINAL))
 
-    async def _take_capacity(self, channel: ChannelInfo, may_wait: bool, held: ExitStack) -> bool:
+    async def _take_capacity(self, channel: ChannelInfo, may_wait: bool, held: Releases) -> bool:
         """A slot under the channel's max concurrency. A full channel is
         skipped, but the last one left is waited for (F8)."""
         deadline = time.monotonic() + (self.timings.capacity_wait if may_wait else 0)

@@ -13,11 +13,9 @@ import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-
-from django.utils import timezone
 
 from billing.finished import Finished
 from channels_pool.selection import ChannelInfo
@@ -36,6 +34,7 @@ from core.usage import Usage
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
+from hopbase.releases import Releases
 
 if TYPE_CHECKING:
     from hopbase.relay import Relay
@@ -96,7 +95,10 @@ class Drain:
     def __init__(self, deadline: Callable[[], float | None], signal: Callable[[], asyncio.Event]) -> None:
         self.deadline = deadline
         self._signal = signal
-        self._waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[Attempt]] = weakref.WeakKeyDictionary()
+        # The attempts waiting in the event loop that last watched one (a
+        # process has one loop; tests run one after another).
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._waiting: set[Attempt] = set()
 
     @classmethod
     def never(cls) -> Drain:
@@ -105,16 +107,13 @@ class Drain:
 
     def watch(self, attempt: Attempt) -> None:
         loop = asyncio.get_running_loop()
-        attempts = self._waiting.get(loop)
-        if attempts is None:
-            attempts = self._waiting[loop] = set()
-            loop.create_task(self._wake_on_drain(self._signal(), attempts))
-        attempts.add(attempt)
+        if self._loop is None or self._loop() is not loop:
+            self._loop, self._waiting = weakref.ref(loop), set()
+            loop.create_task(self._wake_on_drain(self._signal(), self._waiting))
+        self._waiting.add(attempt)
 
     def unwatch(self, attempt: Attempt) -> None:
-        attempts = self._waiting.get(asyncio.get_running_loop())
-        if attempts is not None:
-            attempts.discard(attempt)
+        self._waiting.discard(attempt)
 
     @staticmethod
     async def _wake_on_drain(signal: asyncio.Event, attempts: set[Attempt]) -> None:
@@ -157,9 +156,9 @@ class Run:
         self.caller = caller
         self.facts = facts
         self.headers = headers
-        self.created_at = timezone.now()
+        self.created_at = datetime.now(UTC)
         self.started = time.monotonic()
-        self.resources = ExitStack()
+        self.resources = Releases()
         self.attempts = 0
         self.channel: ChannelInfo | None = None
         self.upstream_model = ""  # the model name the channel was sent (an alias's upstream name)
