@@ -29,6 +29,7 @@ import django  # noqa: E402
 
 django.setup(set_prefix=False)
 
+from asgiref.sync import sync_to_async  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
@@ -37,6 +38,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import ResolverMatch, URLResolver, get_resolver  # noqa: E402
+from django.utils.log import log_response  # noqa: E402
 
 from hopbase import admission, lifecycle, twisted_web  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
@@ -213,6 +215,27 @@ class ApiHandler(ASGIHandler):
         match = resolved(resolver, path) if len(path) <= REMEMBERED_PATH_LENGTH else resolver.resolve(path)
         request.resolver_match = match
         return match
+
+    async def get_response_async(self, request):
+        """Django's, without what the API does not use: the URLconf is the
+        default one, and an answer HopBase has logged already (its
+        refusals, each with its request's record) skips the hop to a thread
+        that Django takes to find that out."""
+        response = await self._middleware_chain(request)
+        response._resource_closers.append(request.close)
+        if response.status_code >= 400 and not getattr(response, "_has_been_logged", False):
+            await sync_to_async(log_response, thread_sensitive=False)(
+                "%s: %s", response.reason_phrase, request.path, response=response, request=request
+            )
+        return response
+
+    async def _get_response_async(self, request):
+        """The view, called: every API view is a coroutine function, none is
+        atomic, and there is no view or template-response middleware."""
+        callback, callback_args, callback_kwargs = self.resolve_request(request)
+        response = await callback(request, *callback_args, **callback_kwargs)
+        self.check_response(response, callback)
+        return response
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []

@@ -6,6 +6,7 @@ remembered; a body is read into memory, never more of it than the limit."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from django.core.exceptions import RequestAborted
@@ -230,3 +231,30 @@ def test_a_client_that_leaves_while_sending_its_body_aborts_the_request():
     messages = [*body_messages(b"{", b"}")[:1], {"type": "http.disconnect"}]
     with pytest.raises(RequestAborted):
         asyncio.run(ApiHandler().read_body(receiving(messages)))
+
+
+def answered(handler: ApiHandler, path: str) -> HttpResponse:
+    request = RequestFactory().post(path, b"{}", content_type="application/json")
+    return asyncio.run(asyncio.wait_for(handler.get_response_async(request), WITHIN))
+
+
+def test_an_api_path_is_answered_by_its_view_with_the_request_let_go_of_at_the_close():
+    response = answered(ApiHandler(), "/v1/chat/completions")
+    assert response.status_code == 401
+    assert json.loads(response.content)["error"]["code"] == "invalid_api_key"
+    assert any(getattr(closer, "__name__", "") == "close" for closer in response._resource_closers)
+
+
+def test_an_error_answer_is_logged_by_django_unless_hopbase_logged_it_already(caplog):
+    handler = ApiHandler()
+    loud = HttpResponse(b"{}", status=418)
+
+    async def answer(request):
+        return loud
+
+    handler._middleware_chain = answer
+    with caplog.at_level("WARNING", logger="django.request"):
+        answered(handler, "/v1/chat/completions")
+        refused = answered(ApiHandler(), "/v1/chat/completions")
+    assert refused.status_code == 401
+    assert [record.status_code for record in caplog.records] == [418]
