@@ -31,18 +31,19 @@ HOLD_PACE = 600  # seconds between tokens of a held-open stream
 
 
 async def quiet_cpu(pids: list[int], within: float = 5.0) -> dict[int, float]:
-    """The processes' CPU seconds once they are idle: what a round set off
+    """The processes' CPU seconds as they went idle: what a round set off
     in the background (the log writer's batch, 0.2 s after a record, and
     settlement) is counted in that round, not lost, nor counted in the
-    next. Idle: under a millisecond of CPU in 0.3 s; waited for at most
-    ``within`` seconds."""
+    next; the idle time after it is not (its timers would weigh on a short
+    round). Idle: under a millisecond of CPU in the 0.3 s that followed;
+    waited for at most ``within`` seconds."""
     deadline = time.monotonic() + within
     readings = [{pid: cpu_seconds(pid) for pid in pids}]
     while time.monotonic() < deadline:
         await asyncio.sleep(0.05)
         readings = [*readings[-6:], {pid: cpu_seconds(pid) for pid in pids}]
         if len(readings) == 7 and sum(readings[-1].values()) - sum(readings[0].values()) < 0.001:
-            break
+            return readings[0]
     return readings[-1]
 
 
