@@ -43,14 +43,10 @@ class Finished:
     channel_name: str = ""
 
     def to_json(self) -> bytes:
-        # Written for every request (billing.spool): plain dict copies, not
-        # dataclasses.asdict, which deep-copies field by field.
-        values = dict(vars(self))
-        values["usage"] = dict(vars(self.usage))
-        values["created_at"] = self.created_at.isoformat()
-        if self.price_multiplier is not None:
-            values["price_multiplier"] = str(self.price_multiplier)
-        return orjson.dumps(values)
+        # Written for every request (billing.spool): orjson reads the
+        # dataclasses, enums and the datetime itself; only the Decimal is
+        # handed over as its exact string.
+        return orjson.dumps(self, default=_exact)
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> Finished:
@@ -65,3 +61,9 @@ class Finished:
         if values.get("price_multiplier") is not None:
             fields["price_multiplier"] = Decimal(values["price_multiplier"])
         return cls(**fields)
+
+
+def _exact(value: object) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not written to the spool")
