@@ -40,6 +40,8 @@ PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 PROVIDER_REQUEST_ID_HEADERS = (*PASSED_BACK_HEADERS, "x-goog-request-id")
 KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 
+CLOSED_STREAM = httpx.ByteStream(b"")
+
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
 
@@ -166,6 +168,10 @@ class Attempt:
             put(UpstreamFailure("cut", self.status))
         finally:
             await response.aclose()
+            # httpx's response and the stream it bound to it refer to each
+            # other: left so, every answer (some 40 objects with aiohttp's)
+            # would wait for the cyclic garbage collector to be freed.
+            response.stream = CLOSED_STREAM
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
         self._items.append(item)

@@ -40,7 +40,7 @@ from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import ResolverMatch, URLResolver, get_resolver  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 
-from hopbase import admission, lifecycle, twisted_web  # noqa: E402
+from hopbase import admission, collector, lifecycle, twisted_web  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
 from hopbase.backpressure import unsent_bytes  # noqa: E402
 
@@ -272,6 +272,7 @@ twisted_web.adjust()
 site = ASGIStaticFilesHandler(get_asgi_application())
 api = ApiHandler()
 lifecycle.install()
+collector.settle()
 
 
 async def application(scope, receive, send):

@@ -4,6 +4,7 @@ its own, bounded in what it holds, and woken or ended on the relay's word."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import httpx
 import pytest
@@ -114,3 +115,27 @@ def test_a_shorter_wait_is_honoured_after_a_longer_one_and_timers_are_not_made_p
     waited, timer = asyncio.run(scenario())
     assert waited < 5
     assert timer is None  # ending the attempt lets its timer go
+
+
+def test_an_answer_read_to_its_end_leaves_nothing_for_the_cyclic_collector():
+    # Freed as soon as it is done with, not in the collector's next pass:
+    # every answer's objects would otherwise pile up until then.
+    upstream = Upstream()
+    upstream.channel("a", [b"data: {}\n\n"])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        while await attempt.next(1) is not Signal.END:
+            pass
+        await attempt._task
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        asyncio.run(scenario())
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, httpx.Response | httpx.Request)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
