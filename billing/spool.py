@@ -45,6 +45,18 @@ PROGRESS = b"P"
 SEGMENT_BYTES = 8 * 1024 * 1024
 SUFFIX = ".spool"
 
+# This process's id, kept current across fork(): asking the kernel for it on
+# every record cost more than writing the record.
+_process_id = os.getpid()
+
+
+def _forked() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 @dataclass
 class Segment:
@@ -129,12 +141,12 @@ class Spool:
         self._size += len(line)
 
     def _writable(self) -> Segment:
-        if os.getpid() != self._pid:
+        if _process_id != self._pid:
             # A forked child (manage.py serve's workers) must not share its
             # parent's files or locks.
             if self._pid:  # a fork: the parent's streams are the parent's to journal
                 self._in_flight = {}
-            self._segments, self._home, self._pid, self._size = [], {}, os.getpid(), 0
+            self._segments, self._home, self._pid, self._size = [], {}, _process_id, 0
         if not self._segments:
             self._open_segment()
         return self._segments[-1]
@@ -173,7 +185,7 @@ class Spool:
     def close(self) -> None:
         """At a clean exit: delete the segments with nothing left pending."""
         with self._lock:
-            if os.getpid() != self._pid:
+            if _process_id != self._pid:
                 return
             for segment in self._segments:
                 if segment.pending or (segment is self._segments[-1] and self._in_flight):

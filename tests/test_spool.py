@@ -194,3 +194,20 @@ def test_a_new_segment_is_never_seen_unlocked(tmp_path):
         spool.final(record(f"req_{n}"))
         assert replay_dead(tmp_path, lambda items: True) == 0  # every segment is its living process's
     assert not list(tmp_path.glob("*.creating"))
+
+
+def test_a_forked_child_journals_in_segments_of_its_own(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    spool.final(record("req_parent"))
+    child = os.fork()
+    if child == 0:  # the child: exit at once, with what it found as its status
+        try:
+            spool.final(record("req_child"))
+            mine = [p for p in tmp_path.glob("*.spool") if p.name.startswith(f"{os.getpid()}-")]
+            os._exit(0 if [r.request_id for p in mine for r in read_segment(p)] == ["req_child"] else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    ours = [p for p in tmp_path.glob("*.spool") if p.name.startswith(f"{os.getpid()}-")]
+    assert [r.request_id for p in ours for r in read_segment(p)] == ["req_parent"]
