@@ -21,7 +21,7 @@ from core.sse import EventSplitter
 
 # Alternating rounds per CPU comparison: a ratio is the median of the
 # rounds' own, each over a short stretch of this noisy machine's time.
-ROUNDS = 6
+ROUNDS = 8
 LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
 TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 events
 # Tokens of the non-stream answers measured: 50; 16, what issue 13 was
@@ -57,7 +57,9 @@ async def cpu_rounds(targets: list[Target], pids: dict[str, list[int]], count: i
                        "rounds": []} for t in targets}
     for round_ in range(ROUNDS):
         size = count // ROUNDS + (round_ < count % ROUNDS)
-        for target in targets:
+        # Every other round in the opposite order: no target always runs
+        # right after the same other one.
+        for target in targets if round_ % 2 == 0 else targets[::-1]:
             watched = pids[target.name]
             before = await quiet_cpu(watched)
             samples = (await interleaved([target], size, concurrency, one))[target.name]
