@@ -13,7 +13,9 @@ Two Django handlers share one URL configuration:
 The API handler is also where a request meets the process's life
 (hopbase.lifecycle, hopbase.admission): it is refused at once while the
 process drains or is full, and its work runs as a task of its own that
-Daphne's shutdown does not cut short (a graceful drain on SIGTERM).
+Daphne's shutdown does not cut short (a graceful drain on SIGTERM). Once
+everything is loaded, the process's garbage collector is set for serving
+(hopbase.collector).
 """
 
 import asyncio
