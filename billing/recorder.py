@@ -248,6 +248,8 @@ class Recorder:
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY)
         self.spool.committed([item.request_id for item in batch])
+        if not log.isEnabledFor(logging.INFO):
+            return  # no request lines at this log level: nothing to build them for
         for item in batch:
             try:
                 fields = log_fields(item)
