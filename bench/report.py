@@ -7,7 +7,6 @@ import collections
 import contextlib
 import math
 import re
-import statistics
 from pathlib import Path
 
 from bench.targets import ROUNDS
@@ -29,14 +28,13 @@ def per(total: dict, events: int = 1) -> float:
 
 
 def ratio(over: dict, under: dict) -> str:
-    """The median of the rounds' ratios, and their range: each round's two
-    figures were measured one after the other, so a slow stretch of the
-    machine weighs on both."""
-    ratios = sorted(a / b for a, b in zip(over["rounds"], under["rounds"]) if b > 0)
-    if not ratios:
-        return "—"
-    middle = statistics.median(ratios)
-    return f"{middle:.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+    """The ratio over all rounds (as the columns beside it), and the range
+    of the rounds' own: how far one round's noise reaches."""
+    rounds = sorted(a / b for a, b in zip(over["rounds"], under["rounds"]) if b > 0)
+    whole = per(over) / max(per(under), 1e-12)
+    if not rounds:
+        return f"{whole:.2f}×"
+    return f"{whole:.2f}× (rounds {rounds[0]:.2f}–{rounds[-1]:.2f})"
 
 
 def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) -> str:
@@ -105,8 +103,8 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     if "open" in tgt and tgt["open"]["errors"]:
         errors.append(f"open streams: {tgt['open']['errors']}")
     sk = res["sockets"]
-    lines += ["", "CPU rows: floor and today over all rounds; the ratio is the median of the rounds' own "
-              f"({ROUNDS} alternating rounds), with their range.",
+    lines += ["", f"CPU rows: floor, today and the ratio over all {ROUNDS} alternating rounds; in brackets the "
+              "range of the rounds' own ratios.",
               "", "errors: " + ("; ".join(errors) if errors else "none"),
               f"calls per target: non-stream {whole['gateway 50']['done']}, long streams {long['gateway']['done']}; "
               f"gateway sockets after {sk['requests']} requests ended: {sk['before']} -> {sk['after']}"]

@@ -66,4 +66,6 @@ class Finished:
 def _exact(value: object) -> str:
     if isinstance(value, Decimal):
         return str(value)
+    if isinstance(value, datetime):  # a subclass orjson does not take as one
+        return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not written to the spool")

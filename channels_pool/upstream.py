@@ -167,11 +167,13 @@ class Attempt:
             # calls a dropped connection a ConnectTimeout): all are a cut.
             put(UpstreamFailure("cut", self.status))
         finally:
-            await response.aclose()
-            # httpx's response and the stream it bound to it refer to each
-            # other: left so, every answer (some 40 objects with aiohttp's)
-            # would wait for the cyclic garbage collector to be freed.
-            response.stream = CLOSED_STREAM
+            try:
+                await response.aclose()
+            finally:
+                # httpx's response and the stream it bound to it refer to
+                # each other: left so, every answer (some 40 objects with
+                # aiohttp's) would wait for the cyclic garbage collector.
+                response.stream = CLOSED_STREAM
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
         self._items.append(item)

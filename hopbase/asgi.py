@@ -190,21 +190,24 @@ class ApiHandler(ASGIHandler):
     async def read_body(self, receive) -> io.BytesIO:
         """The body, in memory: the API reads it whole (as JSON) anyway, so
         Django's spooled temporary file only cost time. Past
-        ``HOPBASE_MAX_BODY_BYTES`` the rest is read and dropped: the
-        request is refused for its size (413, hopbase.intake), and a client
-        sending without end cannot fill memory or disk."""
+        ``HOPBASE_MAX_BODY_BYTES`` the rest is read and dropped (the request
+        is refused for its size, 413, by hopbase.intake), so this copy never
+        outgrows the limit. (Twisted, under Daphne, has kept the whole body
+        before the application sees any of it: a front proxy's body limit
+        bounds that, as deploy/nginx.conf sets.)"""
         keep = settings.HOPBASE_MAX_BODY_BYTES + 1
-        parts: list[bytes] = []
+        body = io.BytesIO()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise RequestAborted()
             chunk = message.get("body", b"")
             if chunk and keep > 0:
-                parts.append(chunk[:keep])
+                body.write(chunk[:keep])
                 keep -= len(chunk)
             if not message.get("more_body", False):
-                return io.BytesIO(b"".join(parts))
+                body.seek(0)
+                return body
 
     def resolve_request(self, request):
         """Django's, with the answers remembered: the API's few paths come

@@ -3,15 +3,18 @@
 ``Releases`` keeps ``contextlib.ExitStack``'s promise for plain callbacks:
 they run in reverse order of taking, each exactly once, every one of them
 even when an earlier one fails (the first failure is raised after the
-rest have run). It costs a tuple per callback where ``ExitStack`` builds a
+rest have run, any later ones logged). It costs a tuple per callback where ``ExitStack`` builds a
 wrapper function; a request takes five of them and lets go of them all.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+
+log = logging.getLogger("hopbase.relay")
 
 
 class Releases:
@@ -38,7 +41,10 @@ class Releases:
             try:
                 release(*args)
             except BaseException as error:
-                failure = failure or error
+                if failure is None:
+                    failure = error
+                else:  # raised is the first; the others are not lost without a word
+                    log.error("releasing %r failed as well", release, exc_info=error)
         if failure is not None:
             raise failure
 

@@ -233,16 +233,27 @@ def test_a_client_that_leaves_while_sending_its_body_aborts_the_request():
         asyncio.run(ApiHandler().read_body(receiving(messages)))
 
 
-def answered(handler: ApiHandler, path: str) -> HttpResponse:
-    request = RequestFactory().post(path, b"{}", content_type="application/json")
+def answered(handler: ApiHandler, path: str, request=None) -> HttpResponse:
+    request = request or RequestFactory().post(path, b"{}", content_type="application/json")
     return asyncio.run(asyncio.wait_for(handler.get_response_async(request), WITHIN))
 
 
 def test_an_api_path_is_answered_by_its_view_with_the_request_let_go_of_at_the_close():
-    response = answered(ApiHandler(), "/v1/chat/completions")
+    request = RequestFactory().post("/v1/chat/completions", b"{}", content_type="application/json")
+    response = answered(ApiHandler(), request.path, request)
     assert response.status_code == 401
     assert json.loads(response.content)["error"]["code"] == "invalid_api_key"
-    assert any(getattr(closer, "__name__", "") == "close" for closer in response._resource_closers)
+    assert any(getattr(closer, "__self__", None) is request for closer in response._resource_closers)
+
+
+def test_every_api_view_is_a_coroutine_and_none_is_atomic(settings):
+    # What the API handler's direct call of the view relies on (the admin's
+    # pages go to Django's full handler).
+    routes = {str(route.pattern): route.callback for route in get_resolver().url_patterns
+              if not str(route.pattern).startswith("admin")}
+    assert "v1/chat/completions" in routes and len(routes) > 10
+    assert [name for name, view in routes.items() if not asyncio.iscoroutinefunction(view)] == []
+    assert not any(database.get("ATOMIC_REQUESTS") for database in settings.DATABASES.values())
 
 
 def test_an_error_answer_is_logged_by_django_unless_hopbase_logged_it_already(caplog):

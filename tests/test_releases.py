@@ -19,19 +19,21 @@ def test_releases_run_in_reverse_order_of_taking_and_only_once():
     assert released == ["attempt", "channel slot", "key slot"]
 
 
-def test_a_failing_release_does_not_keep_the_others_from_running():
+def test_a_failing_release_does_not_keep_the_others_from_running(caplog):
     released: list[str] = []
 
-    def broken() -> None:
-        raise RuntimeError("board gone")
+    def broken(what: str) -> None:
+        raise RuntimeError(f"{what} gone")
 
     held = Releases()
     held.callback(released.append, "first")
-    held.callback(broken)
+    held.callback(broken, "limits")
+    held.callback(broken, "board")
     held.callback(released.append, "last")
     with pytest.raises(RuntimeError, match="board gone"):
         held.close()
     assert released == ["last", "first"]
+    assert "limits gone" in caplog.text
 
 
 def test_what_is_taken_over_is_let_go_of_first_and_the_giver_holds_nothing():
