@@ -13,8 +13,8 @@ Two Django handlers share one URL configuration:
 The API handler is also where a request meets the process's life
 (hopbase.lifecycle, hopbase.admission): it is refused at once while the
 process drains or is full, and its work runs as a task of its own that
-Daphne's shutdown does not cut short (a graceful drain on SIGTERM). Once
-everything is loaded, the process's garbage collector is set for serving
+Daphne's shutdown does not cut short (a graceful drain on SIGTERM). After
+its first request, the process's garbage collector is set for serving
 (hopbase.collector).
 """
 
@@ -98,6 +98,8 @@ class ApiHandler(ASGIHandler):
         # burst refuses only its excess.
         admitted = admission.has_room(scope["path"])
         await lifecycle.process.see_through(self.serve(scope, receive, Sender(send), admitted))
+        if not collector.settled:
+            collector.settle()
 
     async def serve(self, scope, receive, send: Sender, admitted: bool) -> None:
         """One request's work, from its body to its response's close."""
@@ -277,7 +279,6 @@ twisted_web.adjust()
 site = ASGIStaticFilesHandler(get_asgi_application())
 api = ApiHandler()
 lifecycle.install()
-collector.settle()
 
 
 async def application(scope, receive, send):

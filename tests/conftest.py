@@ -21,7 +21,13 @@ pytest.register_assert_rewrite(
     "tests.protocol_checks", "tests.command_checks", "tests.settlement_checks", "tests.relay_checks", "tests.relay_fakes"
 )
 
+from hopbase import collector  # noqa: E402
 from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
+
+# Requests served in this process (hopbase.asgi's handler, called directly)
+# leave its garbage collector as Python sets it: settling is a gateway
+# process's, tested on its own (tests/test_collector.py).
+collector.settled = True
 
 pytest_plugins = ["tests.sdk_clients"]
 

@@ -269,3 +269,25 @@ def test_an_error_answer_is_logged_by_django_unless_hopbase_logged_it_already(ca
         refused = answered(ApiHandler(), "/v1/chat/completions")
     assert refused.status_code == 401
     assert [record.status_code for record in caplog.records] == [418]
+
+
+def test_the_garbage_collector_is_settled_after_the_first_request_and_only_then(monkeypatch):
+    from hopbase import asgi, collector
+
+    monkeypatch.setattr(asgi, "ensure_started", lambda: None)  # no background jobs
+    settled: list[bool] = []
+    monkeypatch.setattr(collector, "settled", False)
+    monkeypatch.setattr(collector, "settle", lambda: (settled.append(True), setattr(collector, "settled", True)))
+
+    async def client_gone() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        pass
+
+    scope = {"type": "http", "method": "GET", "path": "/healthz", "headers": [], "query_string": b""}
+    handler = ApiHandler()
+    assert settled == []
+    for _ in range(2):
+        asyncio.run(asyncio.wait_for(handler.handle(scope, client_gone, send), WITHIN))
+    assert settled == [True]
