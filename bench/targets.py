@@ -19,8 +19,8 @@ from bench.measure import CHAT_CONTENT, REQUEST_TIMEOUT, Samples, Target, chat_b
 from bench.processes import cpu_seconds, rss_mb
 from core.sse import EventSplitter
 
-# Alternating rounds per CPU comparison: a ratio is the median of the
-# rounds' own, each over a short stretch of this noisy machine's time.
+# Alternating rounds per CPU comparison: the ratio is over all of them, and
+# the range of the rounds' own shows how far this noisy machine moves one.
 ROUNDS = 8
 LONG_STREAM = "[sim tokens=200]"  # a long stream of small events, sent as fast as the simulator can
 TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 events

@@ -7,10 +7,10 @@ their libraries are loaded, and keeps nearly all of them for its life. Left
 as it is, the collector walks them all in every full collection (about 60
 ms each), and runs its youngest collection every 700 new objects: with the
 cycles one answer used to leave (channels_pool.upstream), about 5 % of the
-gateway's CPU per request. So what is loaded at start is frozen (never walked again; it
-lives as long as the process anyway), and the youngest collection waits for
-more new objects. Garbage with reference cycles is still collected, in
-larger batches.
+gateway's CPU per request. So what is loaded at start is frozen (never
+walked again; it lives as long as the process anyway), and the youngest
+collection waits for more new objects. Garbage with reference cycles is
+still collected, in larger batches.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 ``Releases`` keeps ``contextlib.ExitStack``'s promise for plain callbacks:
 they run in reverse order of taking, each exactly once, every one of them
 even when an earlier one fails (the first failure is raised after the
-rest have run, any later ones logged). It costs a tuple per callback where ``ExitStack`` builds a
-wrapper function; a request takes five of them and lets go of them all.
+rest have run, any later ones logged). It costs a tuple per callback where
+``ExitStack`` builds a wrapper function; a request takes five of them and
+lets go of them all.
 """
 
 from __future__ import annotations

@@ -247,13 +247,13 @@ HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
 # survives the death of the process, not of the machine.
 HOPBASE_SPOOL_DIR = Path(env_str("HOPBASE_SPOOL_DIR", str(BASE_DIR / "var" / "spool")))
 HOPBASE_SPOOL_MAX_BYTES = env_int("HOPBASE_SPOOL_MAX_BYTES", 256 * 1024 * 1024, minimum=1024)
-# A stream whose client has this much sent to it but not yet taken (as far as
-# the server can tell) is ended with the interruption event.
 # If set, GET /metrics needs "Authorization: Bearer <token>".
 HOPBASE_METRICS_TOKEN = env_str("HOPBASE_METRICS_TOKEN", "")
 # Where prometheus-client keeps the counters of several processes (it reads
 # the variable itself; manage.py serve sets it for its workers).
 PROMETHEUS_MULTIPROC_DIR = env_str("PROMETHEUS_MULTIPROC_DIR", "")
+# A stream whose client has this much sent to it but not yet taken (as far as
+# the server can tell) is ended with the interruption event.
 HOPBASE_MAX_UNSENT_BYTES = env_int("HOPBASE_MAX_UNSENT_BYTES", 4 * 1024 * 1024, minimum=4096)
 # Circuit breaker (channels_pool.health): failures in a row before a channel
 # is skipped, and the first and longest cool-down.
