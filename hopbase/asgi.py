@@ -23,6 +23,7 @@ import functools
 import io
 import logging
 import os
+from collections.abc import Awaitable
 from contextlib import aclosing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hopbase.settings")
@@ -89,17 +90,17 @@ class ApiHandler(ASGIHandler):
     their own connections), so the request signals and the response's close
     run right on the event loop."""
 
-    async def __call__(self, scope, receive, send) -> None:
-        await self.handle(scope, receive, send)
-
-    async def handle(self, scope, receive, send) -> None:
+    def __call__(self, scope, receive, send) -> lifecycle.SeenThrough:
+        """The request's work, under way; what Daphne holds is a future for
+        it (hopbase.lifecycle), which Daphne awaits as it would a coroutine."""
         ensure_started()
         # Decided before the request counts itself (see_through), so that a
         # burst refuses only its excess.
         admitted = admission.has_room(scope["path"])
-        await lifecycle.process.see_through(self.serve(scope, receive, Sender(send), admitted))
+        work = lifecycle.process.see_through(self.serve(scope, receive, Sender(send), admitted))
         if not collector.settled:
-            collector.settle()
+            work.add_done_callback(settle_collector)
+        return work
 
     async def serve(self, scope, receive, send: Sender, admitted: bool) -> None:
         """One request's work, from its body to its response's close."""
@@ -252,6 +253,12 @@ class ApiHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(handler)
 
 
+def settle_collector(work: asyncio.Future) -> None:
+    """After a process's first API request (hopbase.collector)."""
+    if not collector.settled:
+        collector.settle()
+
+
 @functools.lru_cache(maxsize=1024)
 def resolved(resolver: URLResolver, path: str) -> ResolverMatch:
     """The view for ``path`` (a shared ``ResolverMatch``: Django hands a
@@ -281,7 +288,12 @@ api = ApiHandler()
 lifecycle.install()
 
 
-async def application(scope, receive, send):
+def application(scope, receive, send) -> Awaitable[None]:
     if scope["type"] == "http" and scope["path"].startswith(API_PREFIXES):
-        return await api(scope, receive, send)
-    return await site(scope, receive, send)
+        return api(scope, receive, send)
+    return site(scope, receive, send)
+
+
+# An ASGI 3 application, though not a coroutine function: it returns what
+# the server awaits (asgiref and Daphne would otherwise take it for ASGI 2).
+application._asgi_single_callable = True

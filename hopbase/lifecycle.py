@@ -19,8 +19,8 @@ So a graceful drain takes two pieces, both here:
    ``GRACE`` seconds after the deadline are cancelled), the request logs
    flushed, and what Twisted still had to send written out.
 2. ``Lifecycle.see_through()`` runs each API request's work as a task of
-   its own, which Daphne's cancellation does not reach: while draining, the
-   handler absorbs that cancellation and keeps awaiting the work.
+   its own and hands Daphne a ``SeenThrough`` future for it, whose
+   cancellation, while draining, does not reach the work.
 
 Meanwhile a new request is refused (hopbase.admission), ``/readyz`` says
 503 (hopbase.readiness), and a request's own work reads ``is_draining()``
@@ -113,27 +113,13 @@ class Lifecycle:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(event.set)
 
-    async def see_through(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run one request's work as a task of its own and await it. A
-        cancellation of the awaiting task ends the work too, except while
-        draining: Daphne's shutdown cancels every application task, and the
-        request goes on until it ends or ``drained()`` cuts it."""
+    def see_through(self, work: Coroutine[Any, Any, None]) -> SeenThrough:
+        """Run one request's work as a task of its own; what the server
+        awaits, and cancels, is the ``SeenThrough`` returned."""
         task = asyncio.get_running_loop().create_task(work)
         self._open.add(task)
         task.add_done_callback(self._open.discard)
-        while not task.done():
-            try:
-                await asyncio.wait((task,))
-            except asyncio.CancelledError:
-                if not self.draining:
-                    task.cancel()
-                    await asyncio.wait((task,), timeout=UNWIND)
-                    raise
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-        if not task.cancelled():
-            task.result()  # the work's own failure, for Daphne to log
+        return SeenThrough(self, task)
 
     async def drained(self) -> None:
         """Wait until every open request has ended, cancelling those still
@@ -163,6 +149,40 @@ class Lifecycle:
         if not await asyncio.wrap_future(daemon_call(recorder.flush, FLUSH_TIMEOUT)):
             log.error("drain: request logs not all written within %.0f s", FLUSH_TIMEOUT)
         log.warning("drained")
+
+
+class SeenThrough(asyncio.Future):
+    """What the server holds for one request: done when the work is, with
+    its outcome. A cancellation ends the work too, except while draining:
+    Daphne's shutdown cancels every application, and the request goes on
+    until it ends or ``drained()`` cuts it (then this ends quietly). A
+    future, not a task awaiting the work: one task and one wait fewer per
+    request."""
+
+    def __init__(self, lifecycle: Lifecycle, work: asyncio.Task[None]) -> None:
+        super().__init__(loop=work.get_loop())
+        self._lifecycle = lifecycle
+        self._work = work
+        work.add_done_callback(self._work_ended)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done() or self._lifecycle.draining:
+            return False
+        # Done once the work has unwound (let go of its channel, recorded).
+        return self._work.cancel(msg)
+
+    def _work_ended(self, work: asyncio.Task[None]) -> None:
+        if self.done():
+            return
+        if work.cancelled():
+            if self._lifecycle.draining:
+                self.set_result(None)
+            else:
+                super().cancel()
+        elif (error := work.exception()) is not None:
+            self.set_exception(error)  # the work's own failure, for Daphne to log
+        else:
+            self.set_result(None)
 
 
 process = Lifecycle()

@@ -1,5 +1,6 @@
 """The API handler (hopbase.asgi): a client that leaves cancels the view or
-the stream at once (B1), and its response is still let go of; a request
+the stream at once (B1), and its response is still let go of; what the
+server awaits for a request is a future for its work; a request
 cut from outside (a drain's end) is cut; the API's URL matches are
 remembered; a body is read into memory, never more of it than the limit."""
 
@@ -271,6 +272,11 @@ def test_an_error_answer_is_logged_by_django_unless_hopbase_logged_it_already(ca
     assert [record.status_code for record in caplog.records] == [418]
 
 
+async def served(handler: ApiHandler, scope: dict, receive, send) -> None:
+    """What Daphne does with an application: await what it returns."""
+    await handler(scope, receive, send)
+
+
 def test_the_garbage_collector_is_settled_after_the_first_request_and_only_then(monkeypatch):
     from hopbase import asgi, collector
 
@@ -289,5 +295,25 @@ def test_the_garbage_collector_is_settled_after_the_first_request_and_only_then(
     handler = ApiHandler()
     assert settled == []
     for _ in range(2):
-        asyncio.run(asyncio.wait_for(handler.handle(scope, client_gone, send), WITHIN))
+        asyncio.run(asyncio.wait_for(served(handler, scope, client_gone, send), WITHIN))
     assert settled == [True]
+
+
+def test_servers_take_the_application_for_asgi_3_and_await_a_future_for_an_api_request(monkeypatch):
+    from asgiref.compatibility import guarantee_single_callable
+
+    from hopbase import asgi
+
+    monkeypatch.setattr(asgi, "ensure_started", lambda: None)  # no background jobs
+    assert guarantee_single_callable(asgi.application) is asgi.application
+
+    async def client_gone() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def main() -> None:
+        scope = {"type": "http", "method": "GET", "path": "/healthz", "headers": [], "query_string": b""}
+        work = asgi.application(scope, client_gone, Sent())
+        assert isinstance(work, asyncio.Future)
+        await asyncio.wait_for(work, WITHIN)
+
+    asyncio.run(main())

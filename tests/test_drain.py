@@ -72,7 +72,7 @@ def test_it_cancels_a_request_with_its_handler_while_serving():
             finally:
                 ended.set()
 
-        handler = asyncio.create_task(life.see_through(work()))
+        handler = life.see_through(work())
         await asyncio.sleep(0)
         assert life.open_requests() == 1
         handler.cancel()
@@ -95,7 +95,7 @@ def test_while_draining_a_request_outlives_the_cancellation_of_its_handler():
             await release.wait()
             finished.append(True)
 
-        handler = asyncio.create_task(life.see_through(work()))
+        handler = life.see_through(work())
         await asyncio.sleep(0)
         life.begin_drain()
         handler.cancel()  # what Daphne's shutdown does to every application
@@ -114,8 +114,11 @@ def test_a_request_that_fails_fails_its_handler():
     async def work() -> None:
         raise ValueError("broken")
 
+    async def main() -> None:
+        await life.see_through(work())
+
     with pytest.raises(ValueError, match="broken"):
-        asyncio.run(life.see_through(work()))
+        asyncio.run(main())
 
 
 def test_the_drain_waits_for_open_requests_then_flushes_the_request_logs(recorder):
@@ -123,7 +126,7 @@ def test_the_drain_waits_for_open_requests_then_flushes_the_request_logs(recorde
 
     async def main() -> None:
         release = asyncio.Event()
-        handler = asyncio.create_task(life.see_through(release.wait()))
+        handler = life.see_through(release.wait())
         await asyncio.sleep(0)
         life.begin_drain()
         drained = asyncio.create_task(life.drained())
@@ -152,7 +155,7 @@ def test_the_drain_cuts_what_is_still_open_a_grace_after_the_deadline(recorder, 
                 raise
 
         loop = asyncio.get_running_loop()
-        handler = asyncio.create_task(life.see_through(work()))
+        handler = life.see_through(work())
         await asyncio.sleep(0)
         life.begin_drain()
         started = loop.time()
