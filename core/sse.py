@@ -120,9 +120,13 @@ class EventSplitter:
         self._line_start = 0
         # Bytes at the start of the buffer already searched for line breaks.
         self._scanned = 0
+        # No \r in the buffer (known without searching it again).
+        self._plain = True
 
     def feed(self, chunk: bytes) -> list[Event]:
         held = self._buffer
+        if self._plain and b"\r" not in chunk:
+            return self._feed_lf(chunk)
         if held:
             held += chunk
             buffer: bytes | bytearray = held
@@ -164,13 +168,65 @@ class EventSplitter:
             held += memoryview(chunk)[event_start:]
         self._line_start = pos - event_start
         self._scanned = scanned - event_start
+        self._plain = not held
         return events
+
+    def _feed_lf(self, chunk: bytes) -> list[Event]:
+        """``feed`` where every line ends at ``\\n`` (what providers send): an
+        event ends at the first ``\\n\\n`` after its start, or is a blank
+        line of its own; one search per event, and the events of a read are
+        slices of it, not copies out of the buffer."""
+        held = self._buffer
+        events: list[Event] = []
+        start = 0
+        if held:
+            # The pending event's blank line may straddle the two reads.
+            if held[-1] == 0x0A and chunk[:1] == b"\n":
+                start = 1
+            else:
+                found = chunk.find(b"\n\n")
+                if found == -1:
+                    self._hold(chunk, 0)
+                    return events
+                start = found + 2
+            held += memoryview(chunk)[:start]
+            events.append(Event(bytes(held)))
+            held.clear()
+        length = len(chunk)
+        while start < length:
+            if chunk[start] == 0x0A:
+                end = start + 1
+            else:
+                found = chunk.find(b"\n\n", start)
+                if found == -1:
+                    break
+                end = found + 2
+            events.append(Event(chunk[start:end]))
+            start = end
+        self._hold(chunk, start)
+        return events
+
+    def _hold(self, chunk: bytes, start: int) -> None:
+        """Keep ``chunk[start:]``, the start of an event, for the next read,
+        its lines all searched (for the general ``feed`` to go on from)."""
+        held = self._buffer
+        before = len(held)
+        if start < len(chunk):
+            held += memoryview(chunk)[start:]
+        last_break = chunk.rfind(b"\n", start)
+        if last_break != -1:
+            self._line_start = before + last_break + 1 - start
+        elif not before:
+            self._line_start = 0
+        self._scanned = len(held)
+        self._plain = True
 
     def finish(self) -> list[Event]:
         """At the end of the stream: whatever is left, as a last event."""
         rest = bytes(self._buffer)
         self._buffer.clear()
         self._line_start = self._scanned = 0
+        self._plain = True
         return [Event(rest)] if rest else []
 
     @property

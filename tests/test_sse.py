@@ -4,6 +4,7 @@ the stream was cut into chunks."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -100,3 +101,33 @@ def test_an_event_of_megabytes_in_many_reads_comes_out_whole() -> None:
     events += splitter.feed(stream[len(event) - 1 :])
     assert [e.raw for e in events] == [event, b"data: next\r\n\r\n"]
     assert all(type(e.raw) is bytes for e in events) and splitter.pending_size == 0
+
+
+def reference_split(stream: bytes) -> list[bytes]:
+    """Events as the SSE rules define them, line by line: a line ends at
+    CRLF, LF or CR; an empty line ends the event (or stands alone); what is
+    left at the end is a last event."""
+    events, start, pos = [], 0, 0
+    lines = re.compile(rb"[^\r\n]*(\r\n|\r|\n)")
+    while (line := lines.match(stream, pos)) is not None and line.end() > pos:
+        if line.end() - line.start() == len(line.group(1)):  # an empty line
+            events.append(stream[start:line.end()])
+            start = line.end()
+        pos = line.end()
+    return events + ([stream[start:]] if start < len(stream) else [])
+
+
+PIECES = [b"data: {\"x\":1}\n", b"\n", b"\n\n", b"event: e\n", b": ping\n", b"data: \xc3\xa9\n", b"data: a", b"\r\n", b"\r"]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_any_stream_in_any_chunks_splits_as_the_rules_say(seed: int) -> None:
+    rng = random.Random(seed)
+    # Half of the streams are LF only, as providers send them; the rest mix in CR.
+    pieces = PIECES if seed % 2 else PIECES[:7]
+    stream = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+    splitter = EventSplitter()
+    chunks = split_everywhere(stream, seed) if len(stream) > 1 else [stream]
+    events = [event.raw for chunk in chunks for event in splitter.feed(chunk)]
+    events += [event.raw for event in splitter.finish()]
+    assert events == reference_split(stream)

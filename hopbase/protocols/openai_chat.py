@@ -73,11 +73,9 @@ class ChatWatcher(StreamWatcher):
         self.usage_obj: dict[str, Any] | None = None
 
     def mark(self, event: Event) -> int:
-        if event.data_bytes == b"[DONE]":
-            return Mark.TERMINAL
         chunk = event.json
         if not isinstance(chunk, dict):
-            return Mark.PREAMBLE
+            return Mark.TERMINAL if event.data_bytes == b"[DONE]" else Mark.PREAMBLE
         if "error" in chunk:
             self.busy_error = openai_error_is_busy(chunk["error"])
             return Mark.ERROR
@@ -87,11 +85,12 @@ class ChatWatcher(StreamWatcher):
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage)
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices")
+        if not choices:
+            return Mark.DROP if usage and not self.client_wants_usage else mark
+        for choice in choices:
             if self._take_choice(choice):
                 mark = Mark.CONTENT
-        if not chunk.get("choices") and usage and not self.client_wants_usage:
-            return Mark.DROP
         return mark
 
     def _take_usage(self, usage: dict[str, Any]) -> None:
@@ -112,8 +111,9 @@ class ChatWatcher(StreamWatcher):
             state = self.choices[index] = {
                 "role": None, "content": [], "refusal": [], "reasoning": {}, "tools": {}, "finish": None,
             }
-        if choice.get("finish_reason"):
-            state["finish"] = choice["finish_reason"]
+        finish = choice.get("finish_reason")
+        if finish:
+            state["finish"] = finish
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return False
