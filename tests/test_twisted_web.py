@@ -1,4 +1,4 @@
-"""What HopBase changes in Twisted's web server under Daphne."""
+"""What HopBase changes in Twisted's web server and reactor under Daphne."""
 
 from __future__ import annotations
 
@@ -43,3 +43,16 @@ def test_content_type_parsing_is_remembered():
     parse = twisted_http._parseContentType
     assert parse(b"application/json; charset=utf-8") == parse(b"application/json; charset=utf-8")
     assert parse.cache_info().hits >= 1
+
+
+def test_the_reactor_reads_a_socket_without_setting_a_log_context():
+    from twisted.internet import asyncioreactor
+    from twisted.python import context, log
+
+    class Socket:
+        def logPrefix(self) -> str:
+            return "a socket's prefix"
+
+    seen = []
+    asyncioreactor.callWithLogger(Socket(), lambda *args: seen.append((args, context.get(log.ILogContext))), 1, True)
+    assert seen == [((1, True), {"system": "-"})]  # Twisted's default, not the socket's prefix
