@@ -85,12 +85,15 @@ class Event:
         data = self._data
         if data is None:
             data = self._parse()
-        if data[:1] not in (b"{", b"["):
+        # OpenAI's end marker looks like an array; failed parses cost far
+        # more than this comparison.
+        if data[:1] not in (b"{", b"[") or data == b"[DONE]":
             return None
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
-            pass
+            if data.isascii():
+                return None  # no invalid UTF-8 to blame: not JSON
         try:  # invalid UTF-8 inside: read as replacement characters
             return orjson.loads(data.decode("utf-8", "replace"))
         except orjson.JSONDecodeError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import re
 
+import orjson
 import pytest
 
 from core.sse import Event, EventSplitter
@@ -77,6 +78,15 @@ def test_it_reads_invalid_utf8_in_json_data_as_replacement_characters():
     event = Event(b'event: x\r\ndata: {"text": "a\xffb"}\r\n\r\n')
     assert event.name == "x"
     assert event.json == {"text": "a\ufffdb"}
+
+
+@pytest.mark.parametrize("data,parses", [(b"[DONE]", 0), (b"[not json", 1), (b"{broken", 1)])
+def test_data_that_is_not_json_reads_as_none_without_a_second_parse(data: bytes, parses: int, monkeypatch) -> None:
+    tried = []
+    loads = orjson.loads
+    monkeypatch.setattr("core.sse.orjson.loads", lambda text: tried.append(text) or loads(text))
+    assert Event(b"data: " + data + b"\n\n").json is None
+    assert len(tried) == parses  # OpenAI's end marker is not parsed at all
 
 
 def test_it_joins_several_data_lines_and_skips_comments():

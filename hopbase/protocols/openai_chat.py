@@ -73,9 +73,13 @@ class ChatWatcher(StreamWatcher):
         self.usage_obj: dict[str, Any] | None = None
 
     def mark(self, event: Event) -> int:
+        # [DONE] first: read as JSON (it starts like an array), it would
+        # cost two failed parses.
+        if event.data_bytes == b"[DONE]":
+            return Mark.TERMINAL
         chunk = event.json
         if not isinstance(chunk, dict):
-            return Mark.TERMINAL if event.data_bytes == b"[DONE]" else Mark.PREAMBLE
+            return Mark.PREAMBLE
         if "error" in chunk:
             self.busy_error = openai_error_is_busy(chunk["error"])
             return Mark.ERROR
