@@ -35,27 +35,27 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path, cwd: Path = ROOT) -> None:
         self.name = name
         self.args = args
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
         )
         self.pid = self.process.pid
 
-    def wait_ready(self, url: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
+    def wait_ready(self, url: str, within: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=1, trust_env=False).status_code == 200:
+                if httpx.get(url, timeout=5, trust_env=False).status_code == 200:
                     return
             time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not answer {url} within {START_TIMEOUT:.0f} s:\n{self.log_tail()}")
+        raise RuntimeError(f"{self.name} did not answer {url} within {within:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self) -> str:
         with contextlib.suppress(OSError):
@@ -112,9 +112,9 @@ def raise_fd_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def manage(args: list[str], env: dict[str, str]) -> str:
+def manage(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> str:
     done = subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "manage.py", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL,
     )
     if done.returncode != 0:

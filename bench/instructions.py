@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""Instructions per request, gateway against gateway: an A/B of a change
+that this machine's noise would hide from CPU seconds.
+
+Usage (from the project folder, with the project's virtualenv; needs
+Debian's ``valgrind``)::
+
+    .venv/bin/python bench/instructions.py OLD [NEW] [--requests N]
+                                           [--concurrency C] [--tokens T]
+
+OLD and NEW are checkouts of the project (NEW defaults to this one), e.g.
+``git worktree add /tmp/old HEAD~3``. Each is served by one Daphne process
+run under callgrind (about 50 times slower), on a SQLite database of its
+own made with ``migrate`` and ``demo``, against one upstream simulator; after
+40 warm-up calls the counters are zeroed, N non-stream Chat requests of T
+tokens are made, C at a time, and the instructions executed meanwhile are
+read back: the event loop's thread, and all threads together.
+
+The event loop's count repeats within about 0.5 % (the same checkout as
+both old and new: 1.000×), so a change of 2 % there is real. All threads
+together move by 5 %: the periodic jobs run on the clock, and under
+callgrind a request takes 50 times longer. Timing is not what it was
+either (upstream events arrive in fewer reads), so a change to how reads
+are waited for is better judged by bench/run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from bench.measure import Samples, Target, chat_body, interleaved  # noqa: E402
+from bench.processes import ROOT, Child, free_port, manage  # noqa: E402
+
+WARM_UP = 40
+UNDER_CALLGRIND_START = 300.0  # seconds for Django and Daphne to start, 50 times slower
+CALL_TIMEOUT = 120.0
+
+
+async def calls(target: Target, count: int, concurrency: int, body: bytes) -> None:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=CALL_TIMEOUT, trust_env=False) as client:
+        async def one(t: Target, samples: Samples) -> None:
+            response = await client.post(t.base + "/v1/chat/completions", content=body, headers=t.chat_headers)
+            if response.status_code != 200:
+                raise RuntimeError(f"{t.name}: HTTP {response.status_code}: {response.text[:300]}")
+            samples.latency.append(0.0)
+
+        await interleaved([target], count, concurrency, one)
+
+
+def callgrind_total(dump: Path) -> int:
+    found = re.search(r"^(?:summary|totals):\s+(\d+)", dump.read_text(errors="replace"), re.M)
+    if found is None:
+        raise RuntimeError(f"no instruction total in {dump}")
+    return int(found.group(1))
+
+
+def commit_of(checkout: Path) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
+def measure(name: str, checkout: Path, sim_url: str, env: dict[str, str], tmp: Path,
+            args: argparse.Namespace) -> tuple[float, float]:
+    """Instructions per request of the gateway served from ``checkout``: its
+    event loop's, and all its threads' together."""
+    env = {**env, "DATABASE_URL": f"sqlite:///{tmp}/{name}.sqlite3"}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    manage(["migrate", "--verbosity", "0"], env, cwd=checkout)
+    key = manage(["demo", "--simulator-url", sim_url, "--gateway-url", url], env, cwd=checkout).splitlines()[3].strip()
+    out = tmp / f"callgrind.{name}"
+    daphne = [sys.executable, str(Path(sys.executable).parent / "daphne")]
+    child = Child(name, ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no",
+                         "--separate-threads=yes",
+                         *daphne, "-v", "0", "-e", f"tcp:port={port}:interface=127.0.0.1", "hopbase.asgi:application"],
+                  env, tmp, cwd=checkout)
+    try:
+        child.wait_ready(url + "/healthz", within=UNDER_CALLGRIND_START)
+        target = Target(name, url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
+        body = chat_body(f"Say hello. [sim tokens={args.tokens}]", stream=False)
+        asyncio.run(calls(target, WARM_UP, args.concurrency, body))
+        subprocess.run(["callgrind_control", "--zero", str(child.pid)], check=True, capture_output=True)
+        asyncio.run(calls(target, args.requests, args.concurrency, body))
+        dumped = subprocess.run(["callgrind_control", "--dump", str(child.pid)], check=True, capture_output=True)
+        # One file per thread (--separate-threads), "-01" the event loop's.
+        dumps = {path.name.rsplit("-", 1)[1]: path for path in tmp.glob(f"callgrind.{name}.{child.pid}.1-*")}
+        if "01" not in dumps:
+            raise RuntimeError(f"callgrind wrote no dump: {dumped.stdout!r}")
+        counts = {thread: callgrind_total(path) for thread, path in dumps.items()}
+        return counts["01"] / args.requests, sum(counts.values()) / args.requests
+    finally:
+        child.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old", type=Path, help="a checkout of the project to compare against")
+    parser.add_argument("new", type=Path, nargs="?", default=ROOT, help="the checkout compared (default: this one)")
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=50, help="tokens of each non-stream answer")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
+    for checkout in (args.old, args.new):
+        if not (checkout / "manage.py").exists():
+            parser.error(f"{checkout} is not a checkout of the project")
+
+    tmp = Path(tempfile.mkdtemp(prefix="hopbase-instructions-"))
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("HOPBASE_") and name not in ("REDIS_URL", "DATABASE_URL")}
+    env.update({"DJANGO_SETTINGS_MODULE": "hopbase.settings", "HOPBASE_LOG_LEVEL": "WARNING",
+                "SECRET_KEY": secrets.token_urlsafe(50),
+                # The hold's clocks, for a process 50 times slower than usual.
+                "HOPBASE_FIRST_TOKEN_TIMEOUT": "120", "HOPBASE_HOLD_MAX": "120", "HOPBASE_CONNECT_TIMEOUT": "60"})
+    simulator = None
+    try:
+        sim_port = free_port()
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        simulator = Child("simulator", [sys.executable, "manage.py", "simulate_upstream", "--host", "127.0.0.1",
+                                        "--port", str(sim_port)], {**env, "DATABASE_URL": f"sqlite:///{tmp}/sim.sqlite3"}, tmp)
+        simulator.wait_ready(sim_url + "/_sim/health")
+        results = []
+        for name, checkout in (("old", args.old), ("new", args.new)):
+            started = time.monotonic()
+            per_request = measure(name, checkout.resolve(), sim_url, env, tmp, args)
+            results.append((name, checkout, per_request))
+            print(f"[instructions] {name} measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        print(f"{args.requests} non-stream Chat requests of {args.tokens} tokens, {args.concurrency} at a time,"
+              " each checkout's gateway under callgrind:\n")
+        print("| checkout | commit | event loop, per request | against old | all threads | against old |")
+        print("|---|---|---:|---:|---:|---:|")
+        (old_loop, old_all) = results[0][2]
+        for name, checkout, (loop, every) in results:
+            print(f"| {name}: {checkout} | {commit_of(checkout)} | {loop / 1e6:.2f} M | {loop / old_loop:.3f}×"
+                  f" | {every / 1e6:.2f} M | {every / old_all:.3f}× |")
+        return 0
+    except RuntimeError as error:
+        print(f"[instructions] failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if simulator is not None:
+            simulator.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
