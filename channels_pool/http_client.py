@@ -5,11 +5,14 @@ proxies from the environment)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import aiohttp
 import httpx
 import yarl
+from aiohttp.client_proto import ResponseHandler
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import AiohttpResponseStream, map_aiohttp_exceptions
@@ -70,6 +73,12 @@ class UpstreamTransport(AiohttpTransport):
     Gemini model name would reach the channel as ``=`` or ``&``. (No proxy:
     the gateway's client never trusts the environment.)"""
 
+    def get_client(self) -> aiohttp.ClientSession:
+        session = super().get_client()
+        # aiohttp keeps the protocol class only here: no argument sets it.
+        session.connector._factory = functools.partial(UpstreamResponseHandler, loop=asyncio.get_running_loop())
+        return session
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not isinstance(self.client, aiohttp.ClientSession):
             self.client = self.get_client()
@@ -105,6 +114,18 @@ class UpstreamTransport(AiohttpTransport):
             request=request,
             extensions=extensions,
         )
+
+
+class UpstreamResponseHandler(ResponseHandler):
+    """aiohttp's protocol for a connection to a channel, but reading resumes
+    only where it was paused. aiohttp 3.14 resumes after every piece of a
+    body it hands out, paused or not (feeding its parser nothing and asking
+    the socket to read on), and a channel sends each event as a piece of
+    its own: several microseconds an event, for nothing."""
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        if self._reading_paused or self._buffer_paused:
+            super().resume_reading(resume_parser)
 
 
 class UpstreamResponseStream(AiohttpResponseStream):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from channels_pool.http_client import new_client
+from channels_pool.http_client import UpstreamResponseHandler, new_client
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
@@ -287,3 +287,34 @@ def test_a_cookie_one_answer_sets_is_never_sent_on_another_request():
 
     first, second = asyncio.run(scenario())
     assert b"cookie" not in first.lower() and b"cookie" not in second.lower()
+
+
+def test_a_stream_read_slower_than_it_comes_pauses_the_socket_and_resumes_it(monkeypatch):
+    # aiohttp's flow control still works with reading resumed only where it
+    # was paused (UpstreamResponseHandler): every byte arrives.
+    pieces = [b"data: " + b"x" * 1000 + b"\n\n"] * 2000  # 2 MB, far past aiohttp's buffer
+
+    async def a_long_stream(reader, writer) -> bool:
+        writer.write(HEAD + b"".join(chunk(piece) for piece in pieces) + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    pauses = []
+    pause = UpstreamResponseHandler.pause_reading
+    monkeypatch.setattr(UpstreamResponseHandler, "pause_reading", lambda self: (pauses.append(1), pause(self)))
+
+    async def scenario():
+        server = Server(a_long_stream)
+        url = await server.start()
+        http = new_client()
+        received = 0
+        async with http.stream("POST", url + "/chat/completions", content=b"{}") as response:
+            assert isinstance(http._transport.client.connector._factory(), UpstreamResponseHandler)
+            async for part in response.aiter_raw():
+                received += len(part)
+                await asyncio.sleep(0.001)  # a reader slower than the socket
+        await http.aclose()
+        return received
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == sum(map(len, pieces))
+    assert pauses  # the socket was paused, and read on to the end
