@@ -17,6 +17,7 @@ import httpx
 
 from bench.measure import CHAT_CONTENT, REQUEST_TIMEOUT, Samples, Target, chat_body, interleaved, log
 from bench.processes import cpu_seconds, rss_mb
+from channels_pool.http_client import resume_only_where_paused
 from core.sse import EventSplitter
 
 # Alternating rounds per CPU comparison: the ratio is over all of them, and
@@ -99,7 +100,9 @@ async def bare_stream_reads(direct: Target, tokens: int, count: int, concurrency
     else: what reading a channel's stream costs any gateway on this stack
     (F4 makes the gateway read one for every non-stream answer)."""
     body = chat_body(f"Say hello. [sim tokens={tokens}]", stream=True)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    resume_only_where_paused(connector)  # read as the gateway reads
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def read_one() -> None:
             async with session.post(direct.base + "/v1/chat/completions", data=body,

@@ -75,8 +75,7 @@ class UpstreamTransport(AiohttpTransport):
 
     def get_client(self) -> aiohttp.ClientSession:
         session = super().get_client()
-        # aiohttp keeps the protocol class only here: no argument sets it.
-        session.connector._factory = functools.partial(UpstreamResponseHandler, loop=asyncio.get_running_loop())
+        resume_only_where_paused(session.connector)
         return session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -126,6 +125,12 @@ class UpstreamResponseHandler(ResponseHandler):
     def resume_reading(self, resume_parser: bool = True) -> None:
         if self._reading_paused or self._buffer_paused:
             super().resume_reading(resume_parser)
+
+
+def resume_only_where_paused(connector: aiohttp.BaseConnector) -> None:
+    """The connector's new connections speak ``UpstreamResponseHandler``
+    (aiohttp keeps the protocol class only here: no argument sets it)."""
+    connector._factory = functools.partial(UpstreamResponseHandler, loop=asyncio.get_running_loop())
 
 
 class UpstreamResponseStream(AiohttpResponseStream):
