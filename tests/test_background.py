@@ -94,5 +94,8 @@ def test_an_api_request_starts_them(fake_jobs):
         raise AssertionError("nothing is sent to a client that left")
 
     scope = {"type": "http", "method": "GET", "path": "/healthz", "headers": [], "query_string": b""}
-    async_to_sync(asgi.api.handle)(scope, client_gone, send)
+    async def served() -> None:
+        await asgi.api(scope, client_gone, send)  # what Daphne awaits
+
+    async_to_sync(served)()
     assert background.running() == ["a", "b"]
