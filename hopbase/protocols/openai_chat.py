@@ -73,8 +73,6 @@ class ChatWatcher(StreamWatcher):
         self.usage_obj: dict[str, Any] | None = None
 
     def mark(self, event: Event) -> int:
-        # [DONE] first: read as JSON (it starts like an array), it would
-        # cost two failed parses.
         if event.data_bytes == b"[DONE]":
             return Mark.TERMINAL
         chunk = event.json
