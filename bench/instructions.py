@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -44,7 +42,7 @@ if __package__ in (None, ""):  # run as a script
 import httpx  # noqa: E402
 
 from bench.measure import Samples, Target, chat_body, interleaved  # noqa: E402
-from bench.processes import ROOT, Child, free_port, manage  # noqa: E402
+from bench.processes import ROOT, Child, free_port, gateway_env, manage  # noqa: E402
 
 WARM_UP = 40
 UNDER_CALLGRIND_START = 300.0  # seconds for Django and Daphne to start, 50 times slower
@@ -124,30 +122,27 @@ def main() -> int:
             parser.error(f"{checkout} is not a checkout of the project")
 
     tmp = Path(tempfile.mkdtemp(prefix="hopbase-instructions-"))
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("HOPBASE_") and name not in ("REDIS_URL", "DATABASE_URL")}
-    env.update({"DJANGO_SETTINGS_MODULE": "hopbase.settings", "HOPBASE_LOG_LEVEL": "WARNING",
-                "SECRET_KEY": secrets.token_urlsafe(50),
-                # The hold's clocks, for a process 50 times slower than usual.
-                "HOPBASE_FIRST_TOKEN_TIMEOUT": "120", "HOPBASE_HOLD_MAX": "120", "HOPBASE_CONNECT_TIMEOUT": "60"})
+    # The hold's clocks, for a process 50 times slower than usual.
+    env = gateway_env(f"sqlite:///{tmp}/sim.sqlite3", HOPBASE_FIRST_TOKEN_TIMEOUT="120", HOPBASE_HOLD_MAX="120",
+                      HOPBASE_CONNECT_TIMEOUT="60")
     simulator = None
     try:
         sim_port = free_port()
         sim_url = f"http://127.0.0.1:{sim_port}"
         simulator = Child("simulator", [sys.executable, "manage.py", "simulate_upstream", "--host", "127.0.0.1",
-                                        "--port", str(sim_port)], {**env, "DATABASE_URL": f"sqlite:///{tmp}/sim.sqlite3"}, tmp)
+                                        "--port", str(sim_port)], env, tmp)
         simulator.wait_ready(sim_url + "/_sim/health")
         results = []
         for name, checkout in (("old", args.old), ("new", args.new)):
             started = time.monotonic()
-            per_request = measure(name, checkout.resolve(), sim_url, env, tmp, args)
-            results.append((name, checkout, per_request))
+            counts = measure(name, checkout.resolve(), sim_url, env, tmp, args)
+            results.append((name, checkout, counts))
             print(f"[instructions] {name} measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
         print(f"{args.requests} non-stream Chat requests of {args.tokens} tokens, {args.concurrency} at a time,"
               " each checkout's gateway under callgrind:\n")
         print("| checkout | commit | event loop, per request | against old | all threads | against old |")
         print("|---|---|---:|---:|---:|---:|")
-        (old_loop, old_all) = results[0][2]
+        old_loop, old_all = results[0][2]
         for name, checkout, (loop, every) in results:
             print(f"| {name}: {checkout} | {commit_of(checkout)} | {loop / 1e6:.2f} M | {loop / old_loop:.3f}×"
                   f" | {every / 1e6:.2f} M | {every / old_all:.3f}× |")

@@ -8,6 +8,7 @@ import ctypes
 import os
 import re
 import resource
+import secrets
 import signal
 import socket
 import subprocess
@@ -110,6 +111,20 @@ def raise_fd_limit() -> tuple[int, int]:
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def gateway_env(database_url: str, **settings: str) -> dict[str, str]:
+    """This process's environment for a gateway on the settings' defaults:
+    embedded mode (no ``REDIS_URL``), none of the caller's ``HOPBASE_``
+    settings, warnings only in its log, a secret key of the run's own unless
+    one is set; then ``settings``."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE") and not name.startswith("HOPBASE_")}
+    env.update({"DATABASE_URL": database_url, "HOPBASE_LOG_LEVEL": "WARNING",
+                "DJANGO_SETTINGS_MODULE": "hopbase.settings", "PYTHONUNBUFFERED": "1"})
+    env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))  # required
+    env.update(settings)
+    return env
 
 
 def manage(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> str:

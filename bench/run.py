@@ -71,7 +71,6 @@ import argparse
 import asyncio
 import os
 import platform
-import secrets
 import shlex
 import shutil
 import signal
@@ -86,7 +85,7 @@ if __package__ in (None, ""):  # run as a script, python bench/run.py: the proje
 import httpx
 
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
-from bench.processes import Child, Profiler, free_port, manage, raise_fd_limit
+from bench.processes import Child, Profiler, free_port, gateway_env, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
 from bench.targets import LONG_STREAM, TRANSLATED_STREAM, measure_targets, serve_workers
 
@@ -125,17 +124,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     tmp = Path(tempfile.mkdtemp(prefix="hopbase-bench-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update({
-        "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
-        "HOPBASE_LOG_LEVEL": "WARNING",
-        "DJANGO_SETTINGS_MODULE": "hopbase.settings",
-        "PYTHONUNBUFFERED": "1",
-    })
-    for name in list(env):
-        if name.startswith("HOPBASE_") and name != "HOPBASE_LOG_LEVEL":
-            del env[name]  # every other setting at its default
-    env.setdefault("SECRET_KEY", secrets.token_urlsafe(50))  # required; this run's own
+    env = gateway_env(f"sqlite:///{tmp}/bench.sqlite3")
     if args.open_streams > 2000:
         env["HOPBASE_UPSTREAM_MAX_CONNECTIONS"] = str(args.open_streams + 100)
     children: list[Child] = []
