@@ -8,9 +8,11 @@ import collections
 import contextlib
 import json
 import re
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -90,6 +92,102 @@ async def call_stream(client: httpx.AsyncClient, url: str, headers: dict[str, st
     samples.latency.append(time.perf_counter() - started)
 
 
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection spoken with plain blocking socket
+    calls: a reader whose own work per read (a few microseconds) stays off
+    the time it measures, even for an answer that comes in 50 chunks, where
+    an HTTP client's per-chunk layers would be counted as the answer's."""
+
+    def __init__(self, base: str) -> None:
+        url = urlsplit(base)
+        self.host = url.netloc
+        self.sock = socket.create_connection((url.hostname, url.port), timeout=REQUEST_TIMEOUT)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[float, int, bytes]:
+        """Seconds from sending the request to the last byte of its answer,
+        the answer's status and its body (chunks joined)."""
+        lines = [f"POST {path} HTTP/1.1", f"host: {self.host}", f"content-length: {len(body)}",
+                 *(f"{name}: {value}" for name, value in headers.items())]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        started = time.perf_counter()
+        self.sock.sendall(request)
+        status, answer = self._answer()
+        return time.perf_counter() - started, status, answer
+
+    def _fill(self) -> None:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self.buffer += data
+
+    def _answer(self) -> tuple[int, bytes]:
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            self._fill()
+        head, self.buffer = self.buffer[:end].decode("latin-1").split("\r\n"), self.buffer[end + 4:]
+        status = int(head[0].split()[1])
+        fields = dict(line.lower().split(": ", 1) for line in head[1:])
+        if "content-length" in fields:
+            length = int(fields["content-length"])
+            while len(self.buffer) < length:
+                self._fill()
+            answer, self.buffer = self.buffer[:length], self.buffer[length:]
+            return status, answer
+        parts, pos = [], 0  # chunked: each size line, its data, CRLF; a size of 0 ends it
+        while True:
+            while (line_end := self.buffer.find(b"\r\n", pos)) < 0:
+                self._fill()
+            size = int(self.buffer[pos:line_end].split(b";")[0], 16)
+            while len(self.buffer) < line_end + 2 + size + 2:
+                self._fill()
+            if size == 0:
+                self.buffer = self.buffer[line_end + 4:]
+                return status, b"".join(parts)
+            parts.append(self.buffer[line_end + 2:line_end + 2 + size])
+            pos = line_end + 2 + size + 2
+
+
+@dataclass
+class RawCall:
+    name: str
+    base: str
+    headers: dict[str, str]
+    body: bytes
+    complete: bytes  # what a whole answer holds
+
+
+def raw_latencies(calls: list[RawCall], count: int) -> dict[str, Samples]:
+    """``count`` exchanges per call, the calls interleaved, one at a time,
+    each over a keep-alive connection of its own read by ``RawConnection``
+    (blocking: run it in a thread of its own)."""
+    results = {call.name: Samples() for call in calls}
+    connections = {call.name: RawConnection(call.base) for call in calls}
+    try:
+        for _ in range(count):
+            for call in calls:
+                samples = results[call.name]
+                try:
+                    elapsed, status, answer = connections[call.name].post(
+                        "/v1/chat/completions", call.headers, call.body)
+                except OSError as exc:
+                    samples.errors[type(exc).__name__] += 1
+                    connections[call.name].close()
+                    connections[call.name] = RawConnection(call.base)
+                    continue
+                if status != 200 or call.complete not in answer:
+                    samples.errors[f"HTTP {status}"] += 1
+                    continue
+                samples.latency.append(elapsed)
+    finally:
+        for connection in connections.values():
+            connection.close()
+    return results
+
+
 async def interleaved(targets: list[Target], count: int, concurrency: int, one) -> dict[str, Samples]:
     """``count`` calls per target, alternating targets, spread over ``concurrency`` workers."""
     results = {t.name: Samples() for t in targets}
@@ -142,9 +240,18 @@ async def measure(args: argparse.Namespace, gateway: Target, floor: Target, dire
         out["whole_serial"] = await interleaved(both, max(50, args.requests // 4), 1, one_whole)
         log("time to first token, one at a time")
         out["chat_stream_serial"] = await interleaved(both, max(50, args.streams // 2), 1, one_chat_stream)
+        # F4: the gateway reads the channel's stream where the bare relay
+        # passes on its body; each is held against the exchange it makes.
+        log("latency read by a raw socket: the simulator's body and stream, the bare relay, the gateway")
+        raw = [RawCall("direct", direct.base, direct.chat_headers, whole, b'"choices"'),
+               RawCall("direct stream", direct.base, direct.chat_headers,
+                       chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=True), b"[DONE]"),
+               RawCall("floor", floor.base, floor.chat_headers, whole, b'"choices"'),
+               RawCall("gateway", gateway.base, gateway.chat_headers, whole, b'"choices"')]
+        out["whole_raw"] = await asyncio.to_thread(raw_latencies, raw, max(50, args.requests // 4))
         await clear_simulator(client, sim_url)
         sent = sum(len(out[k]["gateway"].latency) + sum(out[k]["gateway"].errors.values())
-                   for k in ("whole_serial", "chat_stream_serial"))
+                   for k in ("whole_serial", "chat_stream_serial", "whole_raw"))
     await asyncio.sleep(1.0)
     # Every request has ended: the gateway holds only its listening socket and idle upstream ones.
     out["sockets"] = {"before": sockets_before, "after": open_sockets(pids["gateway"]), "requests": sent}

@@ -25,7 +25,12 @@ serve --workers 2`` on the same database. Then it measures:
 1. one call at a time, gateway, floor and direct calls interleaved: added
    latency of a non-stream Chat request and added time to first token of a
    stream (p50 of gateway minus p50 of direct), held against what the floor
-   adds the same way;
+   adds the same way; and the non-stream call again over raw sockets
+   (``bench.measure.RawConnection``, a reader that costs next to nothing a
+   chunk), with the channel's own stream of the same answer timed as well:
+   F4 makes the gateway read that stream where the floor relays the body,
+   and the simulator writes 50 events more slowly than one body, so each
+   relay is also held against the exchange it makes;
 2. CPU per non-stream request of the floor and of the gateway process
    (``/proc/PID/stat`` utime+stime, all threads) for answers of 50 tokens,
    of 16 (the answer issue 13 was measured with) and of one (what a request
