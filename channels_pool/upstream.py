@@ -18,7 +18,7 @@ from typing import Protocol
 
 import httpx
 
-from channels_pool.http_client import TRANSPORT_ERRORS, parsed_url, timed_out
+from channels_pool.http_client import TRANSPORT_ERRORS, open_response, parsed_url, timed_out
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
 
@@ -39,8 +39,6 @@ PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 # Where each provider names its request (kept on the request log).
 PROVIDER_REQUEST_ID_HEADERS = (*PASSED_BACK_HEADERS, "x-goog-request-id")
 KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
-
-CLOSED_STREAM = httpx.ByteStream(b"")
 
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
@@ -134,7 +132,7 @@ class Attempt:
             extensions={"timeout": http.timeout.as_dict()},
         )
         try:
-            response = await http.send(request, stream=True)
+            response = await open_response(http, request)
         except TRANSPORT_ERRORS as error:
             put(UpstreamFailure("timeout" if timed_out(error) else "connect"))
             return
@@ -167,13 +165,7 @@ class Attempt:
             # calls a dropped connection a ConnectTimeout): all are a cut.
             put(UpstreamFailure("cut", self.status))
         finally:
-            try:
-                await response.aclose()
-            finally:
-                # httpx's response and the stream it bound to it refer to
-                # each other: left so, every answer (some 40 objects with
-                # aiohttp's) would wait for the cyclic garbage collector.
-                response.stream = CLOSED_STREAM
+            await response.aclose()
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
         self._items.append(item)
