@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import httpx
@@ -155,6 +155,26 @@ async def open_response(http: httpx.AsyncClient, request: httpx.Request) -> http
     response = await http._transport_for_url(request.url).handle_async_request(request)
     response.request = request
     return response
+
+
+def chunk_reader(response: httpx.Response) -> Callable[[], Awaitable[bytes]]:
+    """What reads a streamed response's body: each call, all of it that has
+    arrived; ``b""`` at its end. For the gateway's own transport, aiohttp's
+    reader itself, with no generator to resume for every upstream read (its
+    errors are among ``TRANSPORT_ERRORS`` as they are); for any other httpx
+    stream (the tests' fakes), the stream's iterator."""
+    stream = response.stream
+    if isinstance(stream, UpstreamResponseStream):
+        return stream._aiohttp_response.content.readany
+    chunks = aiter(stream)
+
+    async def next_chunk() -> bytes:
+        async for chunk in chunks:
+            if chunk:
+                return chunk
+        return b""
+
+    return next_chunk
 
 
 # What the transport may raise for a failed exchange: httpx's own errors, and

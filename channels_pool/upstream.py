@@ -18,7 +18,7 @@ from typing import Protocol
 
 import httpx
 
-from channels_pool.http_client import TRANSPORT_ERRORS, open_response, parsed_url, timed_out
+from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url, timed_out
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
 
@@ -151,9 +151,10 @@ class Attempt:
             if self._whole_body:
                 put(Event(await _read_up_to(response, MAX_WHOLE_BODY)))
             else:
-                # The stream itself, not aiter_raw(): its layers (a chunker,
-                # a context per body) cost more than the bytes of an event.
-                async for chunk in response.stream:
+                # Not aiter_raw(): its layers (a chunker, a context per body)
+                # cost more than the bytes of an event.
+                read = chunk_reader(response)
+                while chunk := await read():
                     put(chunk)
                     self._unread += len(chunk)
                     if self._unread > MAX_UNREAD:
