@@ -149,9 +149,10 @@ async def open_response(http: httpx.AsyncClient, request: httpx.Request) -> http
     """``http.send(request, stream=True)`` without the layers around the
     transport the gateway's requests never use: the auth flow, the redirect
     loop, event hooks, the cookie jar and a stream bound to the response for
-    its timing (four coroutines and three objects a request, about 3 % of a
-    relayed request's CPU). The transport is the client's own for the URL,
-    so its pool and limits hold; the request goes as it was built."""
+    its timing (four coroutines and three objects a request: 1.5 % of the
+    event loop's instructions for a 50-token answer). The transport is the
+    client's own for the URL, so its pool and limits hold; the request goes
+    as it was built."""
     response = await http._transport_for_url(request.url).handle_async_request(request)
     response.request = request
     return response
