@@ -218,7 +218,8 @@ async def measure(args: argparse.Namespace, gateway: Target, floor: Target, dire
     interleaved."""
     out: dict = {}
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False) as client:
-        whole = chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=False)
+        whole_prompt = "Say hello in fifty words. " + NONSTREAM_DIRECTIVE
+        whole = chat_body(whole_prompt, stream=False)
         chat_stream = chat_body("Tell a short story. " + STREAM_DIRECTIVE, stream=True)
 
         async def one_whole(t: Target, s: Samples) -> None:
@@ -244,8 +245,8 @@ async def measure(args: argparse.Namespace, gateway: Target, floor: Target, dire
         # passes on its body; each is held against the exchange it makes.
         log("latency read by a raw socket: the simulator's body and stream, the bare relay, the gateway")
         raw = [RawCall("direct", direct.base, direct.chat_headers, whole, b'"choices"'),
-               RawCall("direct stream", direct.base, direct.chat_headers,
-                       chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=True), b"[DONE]"),
+               RawCall("direct stream", direct.base, direct.chat_headers, chat_body(whole_prompt, stream=True),
+                       b"[DONE]"),
                RawCall("floor", floor.base, floor.chat_headers, whole, b'"choices"'),
                RawCall("gateway", gateway.base, gateway.chat_headers, whole, b'"choices"')]
         out["whole_raw"] = await asyncio.to_thread(raw_latencies, raw, max(50, args.requests // 4))
