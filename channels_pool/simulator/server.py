@@ -249,9 +249,9 @@ class Simulator(SideEndpoints):
         record.status = 200
         await conn.send_head(200, headers)
         out = BodyWriter(conn, record.sent, chunked=False, split=d.split)
+        record.first_token_at = time.time()
         await out.event(body, pause=d.pause_mid_event)
         record.tokens_sent = total
-        record.first_token_at = time.time()
         record.completed = True
         return request.keep_alive
 
@@ -308,13 +308,15 @@ class Simulator(SideEndpoints):
                     await out.flush()
                     await conn.sleep(delay)
                 pause = d.pause_mid_event if tokens == d.pause_at else 0.0
+                if tokens == 0:
+                    # Stamped before the write: a gateway on the same machine can relay
+                    # the token before this coroutine resumes from writing it.
+                    record.first_token_at = time.time()
             await out.event(event.data, pause=pause, may_hold=True)
             written += 1
             if event.kind == wire.TOKEN:
                 tokens += 1
                 record.tokens_sent = tokens
-                if tokens == 1:
-                    record.first_token_at = time.time()
         await out.flush()
         record.completed = True
         await conn.write(b"0\r\n\r\n")
