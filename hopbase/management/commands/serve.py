@@ -1,11 +1,15 @@
 """serve [--host H] [--port N] [--workers N]: several Daphne processes on one
 listening socket.
 
-One Daphne process is one event loop on one core. The socket is bound and
-listened on here, with a large backlog, and handed to each worker with
-``daphne --fd``; the kernel spreads new connections over the workers. The
-workers are stateless, so any number can share the port. Stops them all on
-SIGINT or SIGTERM, and stops when any of them dies.
+One Daphne process is one event loop on one core. Each worker is handed a
+listening socket of its own (``daphne --fd``), bound here to the one port
+with ``SO_REUSEPORT`` and a large backlog: the kernel spreads new
+connections over the sockets by their addresses. On one socket shared by
+all, the worker that woke first would accept a whole burst (Twisted accepts
+up to a hundred per wake-up), so the few keep-alive connections of a load
+balancer or an SDK's pool, opened together, would all land on one worker.
+The workers are stateless, so any number can share the port. Stops them all
+on SIGINT or SIGTERM, and stops when any of them dies.
 """
 
 from __future__ import annotations
@@ -39,6 +43,33 @@ def fresh_metrics_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="hopbase-metrics-"))
 
 
+def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` sockets listening on ``host:port`` together. A port already
+    listened on is refused, even by sockets that would share it (another
+    ``serve`` on the same port would silently take half its connections)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sockets: list[socket.socket] = []
+    try:
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+        probe.close()
+        for _ in range(count):
+            listener = socket.socket(family)
+            sockets.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            listener.bind((host, port))
+            listener.listen(BACKLOG)
+    except OSError as error:
+        probe.close()
+        for listener in sockets:
+            listener.close()
+        raise CommandError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    return sockets
+
+
 class Command(BaseCommand):
     help = "Run several Daphne gateway processes sharing one port."
 
@@ -50,15 +81,7 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, workers: int, **options) -> None:
         if workers < 1:
             raise CommandError("--workers must be at least 1")
-        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as error:
-            raise CommandError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-        listener.listen(BACKLOG)
-        fd = listener.fileno()
-        command = [sys.executable, "-m", "daphne", "-v", "0", "--fd", str(fd), "hopbase.asgi:application"]
+        listeners = listening_sockets(host, port, workers)
         children: list[subprocess.Popen] = []
         asked_to_stop = False
 
@@ -73,7 +96,14 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         metrics_dir = fresh_metrics_dir()
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-        children.extend(subprocess.Popen(command, pass_fds=[fd], env=env) for _ in range(workers))
+        for listener in listeners:
+            fd = listener.fileno()
+            command = [sys.executable, "-m", "daphne", "-v", "0", "--fd", str(fd), "hopbase.asgi:application"]
+            children.append(subprocess.Popen(command, pass_fds=[fd], env=env))
+            # Its worker's alone from now on: held here too, it would stay in
+            # the port's group after the worker died, taking connections no
+            # one accepts.
+            listener.close()
         self.stdout.write(f"HopBase serving on http://{host}:{port} with {workers} worker(s)")
         try:
             # The first worker to end (or a signal) ends the service; the
@@ -87,7 +117,6 @@ class Command(BaseCommand):
             stop(signal.SIGTERM, None)
             for child in children:
                 child.wait()
-            listener.close()
             if not settings.PROMETHEUS_MULTIPROC_DIR:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
         if crashed:
