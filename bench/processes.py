@@ -36,14 +36,15 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path, cwd: Path = ROOT) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], logdir: Path, cwd: Path = ROOT,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.args = args
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             args, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent, pass_fds=pass_fds,
         )
         self.pid = self.process.pid
 

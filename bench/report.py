@@ -98,6 +98,12 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     rows.append((f"CPU per request, serve --workers 2 (summed; CPU split {spread} %)",
                  f"{alone * 1e3:.2f} ms (one process)", f"{two * 1e3:.2f} ms", ratio(served["serve"], served["gateway"]),
                  "≤ 1.10×"))
+    floor_alone, floor_two = per(served["floor"]), per(served["floor2"])
+    rows.append(("  the bare relay the same way, in two processes on serve's sockets (what scaling out costs the stack)",
+                 f"{floor_alone * 1e3:.2f} ms (one process)", f"{floor_two * 1e3:.2f} ms",
+                 ratio(served["floor2"], served["floor"]), "—"))
+    rows.append(("  serve's ratio over the bare relay's (what scaling out costs HopBase itself)", "—", "—",
+                 f"{(two / alone) / (floor_two / floor_alone):.2f}×", "≤ 1.10×"))
     for label, key, attr in (("added latency, non-stream, C=1, p50", "whole_serial", "latency"),
                              ("added time to first token, stream, C=1, p50", "chat_stream_serial", "ttft")):
         g, f, d = (percentile(getattr(res[key][name], attr), 0.5) for name in ("gateway", "floor", "direct"))

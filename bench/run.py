@@ -38,7 +38,11 @@ serve --workers 2`` on the same database. Then it measures:
    channel's stream where the floor relays one body), all six in the same
    alternating rounds of C concurrent keep-alive calls, one at a time so
    each process's CPU is its own; then one gateway process against both
-   ``serve`` workers summed, 50 tokens, the same way; and, with no gateway
+   ``serve`` workers summed, 50 tokens, the same way, in the same rounds as
+   the floor in one process against the floor in two (``daphne --fd`` on
+   sockets made as ``serve`` makes its workers'): on two cores shared with
+   the client and the simulator, splitting a load over two event loops
+   costs any stack something per request; and, with no gateway
    at all, the same stream of 50 tokens and of one read by a bare aiohttp
    client in this process: F4's own share of the cost;
 3. CPU per event of a long pass-through stream (``[sim tokens=200]``),
@@ -93,6 +97,7 @@ from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, me
 from bench.processes import Child, Profiler, free_port, gateway_env, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
 from bench.targets import LONG_STREAM, TRANSLATED_STREAM, measure_targets, serve_workers
+from hopbase.management.commands.serve import listening_sockets
 
 TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: chat requests for it are translated
 
@@ -159,12 +164,23 @@ def main() -> int:
                       "bench.floor:application"]
         children.append(Child("floor", floor_args, {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp))
         children[-1].wait_ready(f"http://127.0.0.1:{floor_port}/_sim/health")
+        # The bare relay over two processes, on sockets made as serve makes
+        # its workers': what scaling out costs the stack itself.
+        floor2_port = free_port()
+        floor2_pids = []
+        for number, listener in enumerate(listening_sockets("127.0.0.1", floor2_port, 2)):
+            fd = listener.fileno()
+            children.append(Child(f"floor2-{number}", [*daphne, "-v", "0", "--fd", str(fd), "bench.floor:application"],
+                                  {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp, pass_fds=(fd,)))
+            listener.close()
+            floor2_pids.append(children[-1].pid)
+        children[-1].wait_ready(f"http://127.0.0.1:{floor2_port}/_sim/health")
         serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve_port),
                       "--workers", "2"]
         children.append(Child("serve", serve_args, env, tmp))
         floor_url, serve_url = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{serve_port}"
         children[-1].wait_ready(serve_url + "/healthz")
-        sim, gw, floor_process, serve_process = children
+        sim, gw, floor_process, *_, serve_process = children
         workers = serve_workers(serve_process.pid)
         log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}; floor pid "
             f"{floor_process.pid} at {floor_url}; serve workers {workers} at {serve_url}")
@@ -178,6 +194,7 @@ def main() -> int:
             "env:       " + " ".join(f"{k}={v}" for k, v in sorted(shown_env.items())) + " (REDIS_URL unset)",
             "gateway:   " + shlex.join([Path(gw_args[0]).name, *gw_args[1:]]),
             "floor:     " + shlex.join([Path(floor_args[0]).name, *floor_args[1:]]) + " (bench/floor.py)",
+            "floor2:    two of daphne -v 0 --fd N bench.floor:application, on SO_REUSEPORT sockets as serve's",
             "serve:     " + shlex.join(["python", *serve_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
@@ -192,15 +209,16 @@ def main() -> int:
         direct = Target("direct", sim_url, sim_headers, {})
         floor = Target("floor", floor_url, sim_headers, {})
         served = Target("serve", serve_url, chat_headers, {})
+        floor2 = Target("floor2", f"http://127.0.0.1:{floor2_port}", sim_headers, {})
         pids = {"gateway": gw.pid, "simulator": sim.pid, "client": os.getpid()}
-        cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers}
+        cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers, "floor2": floor2_pids}
 
         started = time.monotonic()
         results = asyncio.run(measure(args, gateway, floor, direct, sim_url, pids))
         profiler = Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt") if args.py_spy else None
         if profiler is not None:
             profilers.append(profiler)
-        targets = asyncio.run(measure_targets(args, gateway, floor, served, direct, sim_url, cpu_pids,
+        targets = asyncio.run(measure_targets(args, gateway, floor, served, floor2, direct, sim_url, cpu_pids,
                                               TRANSLATED_MODEL))
         if profiler is not None:
             profiler.stop()

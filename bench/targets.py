@@ -201,8 +201,8 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
     return result
 
 
-async def measure_targets(args, gateway: Target, floor: Target, served: Target, direct: Target, sim_url: str,
-                          pids: dict[str, list[int]], translated_model: str) -> dict:
+async def measure_targets(args, gateway: Target, floor: Target, served: Target, floor2: Target, direct: Target,
+                          sim_url: str, pids: dict[str, list[int]], translated_model: str) -> dict:
     out: dict = {}
     c = args.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
@@ -244,8 +244,9 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
         targets, leg_pids, one = named_legs(legs, pids)
         out["whole"] = await cpu_rounds(targets, leg_pids, args.requests, c, one)
         await client.delete(sim_url + "/_sim/records")
-        log("CPU per non-stream request: one gateway process, serve --workers 2")
-        out["serve"] = await cpu_rounds([gateway, served], pids, args.requests, c, one_whole_of(whole[50]))
+        log("CPU per non-stream request: one gateway process, serve --workers 2; the floor in one process, in two")
+        out["serve"] = await cpu_rounds([gateway, served, floor, floor2], pids, args.requests, c,
+                                        one_whole_of(whole[50]))
         await client.delete(sim_url + "/_sim/records")
 
         log("CPU per chat stream read by a bare aiohttp client: 50 tokens, one token")
