@@ -112,6 +112,8 @@ def test_it_runs_the_workers_on_one_port_and_stops_them_all():
     with serving(port) as service:
         workers = children_of(service.pid)
         assert len(workers) == 2
+        # Each runs Daphne on uvloop (hopbase.serve_worker), not asyncio's loop.
+        assert all("/uvloop/loop." in Path(f"/proc/{pid}/maps").read_text() for pid in workers)
         assert all(httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200 for _ in range(10))
         service.send_signal(signal.SIGTERM)
         assert service.wait(10) == 0

@@ -1,9 +1,10 @@
 """serve [--host H] [--port N] [--workers N]: several Daphne processes on one
-listening socket.
+port.
 
-One Daphne process is one event loop on one core. Each worker is handed a
-listening socket of its own (``daphne --fd``), bound here to the one port
-with ``SO_REUSEPORT`` and a large backlog: the kernel spreads new
+One Daphne process is one event loop on one core, here uvloop's
+(hopbase.serve_worker). Each worker is handed a listening socket of its
+own (``--fd``), bound here to the one port with ``SO_REUSEPORT`` and a
+large backlog: the kernel spreads new
 connections over the sockets by their addresses. On one socket shared by
 all, the worker that woke first would accept a whole burst (Twisted accepts
 up to a hundred per wake-up), so the few keep-alive connections of a load
@@ -98,7 +99,8 @@ class Command(BaseCommand):
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
         for listener in listeners:
             fd = listener.fileno()
-            command = [sys.executable, "-m", "daphne", "-v", "0", "--fd", str(fd), "hopbase.asgi:application"]
+            command = [sys.executable, "-m", "hopbase.serve_worker", "-v", "0", "--fd", str(fd),
+                       "hopbase.asgi:application"]
             children.append(subprocess.Popen(command, pass_fds=[fd], env=env))
             # Its worker's alone from now on: held here too, it would stay in
             # the port's group after the worker died, taking connections no
