@@ -38,7 +38,9 @@ serve --workers 2`` on the same database. Then it measures:
    channel's stream where the floor relays one body), all six in the same
    alternating rounds of C concurrent keep-alive calls, one at a time so
    each process's CPU is its own; then one gateway process against both
-   ``serve`` workers summed, 50 tokens, the same way, in the same rounds as
+   ``serve`` workers summed and against ``serve --workers 1`` (the same
+   server in one process: its workers run Daphne on uvloop, the gateway on
+   Daphne's own loop), 50 tokens, the same way, in the same rounds as
    the floor in one process against the floor in two (``daphne --fd`` on
    sockets made as ``serve`` makes its workers'): on two cores shared with
    the client and the simulator, splitting a load over two event loops
@@ -175,15 +177,24 @@ def main() -> int:
             listener.close()
             floor2_pids.append(children[-1].pid)
         children[-1].wait_ready(f"http://127.0.0.1:{floor2_port}/_sim/health")
+        # serve with one worker: the one process that two are held against
+        # (the same server, on uvloop, where the gateway above is Daphne's own loop).
+        serve1_port = free_port()
+        serve1_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve1_port),
+                       "--workers", "1"]
+        children.append(Child("serve1", serve1_args, env, tmp))
+        serve1_url = f"http://127.0.0.1:{serve1_port}"
+        children[-1].wait_ready(serve1_url + "/healthz")
         serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve_port),
                       "--workers", "2"]
         children.append(Child("serve", serve_args, env, tmp))
         floor_url, serve_url = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{serve_port}"
         children[-1].wait_ready(serve_url + "/healthz")
-        sim, gw, floor_process, *_, serve_process = children
-        workers = serve_workers(serve_process.pid)
+        sim, gw, floor_process, *_, serve1_process, serve_process = children
+        workers, serve1_workers = serve_workers(serve_process.pid), serve_workers(serve1_process.pid)
         log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}; floor pid "
-            f"{floor_process.pid} at {floor_url}; serve workers {workers} at {serve_url}")
+            f"{floor_process.pid} at {floor_url}; serve workers {workers} at {serve_url}; "
+            f"serve --workers 1 {serve1_workers} at {serve1_url}")
 
         shown_env = {k: v for k, v in env.items() if k in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "PYTHONUNBUFFERED")
                      or k.startswith("HOPBASE_")}
@@ -196,6 +207,7 @@ def main() -> int:
             "floor:     " + shlex.join([Path(floor_args[0]).name, *floor_args[1:]]) + " (bench/floor.py)",
             "floor2:    two of daphne -v 0 --fd N bench.floor:application, on SO_REUSEPORT sockets as serve's",
             "serve:     " + shlex.join(["python", *serve_args[1:]]),
+            "serve1:    " + shlex.join(["python", *serve1_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
             f" RLIMIT_NOFILE {soft}/{hard}",
@@ -209,16 +221,18 @@ def main() -> int:
         direct = Target("direct", sim_url, sim_headers, {})
         floor = Target("floor", floor_url, sim_headers, {})
         served = Target("serve", serve_url, chat_headers, {})
+        served1 = Target("serve1", serve1_url, chat_headers, {})
         floor2 = Target("floor2", f"http://127.0.0.1:{floor2_port}", sim_headers, {})
         pids = {"gateway": gw.pid, "simulator": sim.pid, "client": os.getpid()}
-        cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers, "floor2": floor2_pids}
+        cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers, "serve1": serve1_workers,
+                    "floor2": floor2_pids}
 
         started = time.monotonic()
         results = asyncio.run(measure(args, gateway, floor, direct, sim_url, pids))
         profiler = Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt") if args.py_spy else None
         if profiler is not None:
             profilers.append(profiler)
-        targets = asyncio.run(measure_targets(args, gateway, floor, served, floor2, direct, sim_url, cpu_pids,
+        targets = asyncio.run(measure_targets(args, gateway, floor, served, served1, floor2, direct, sim_url, cpu_pids,
                                               TRANSLATED_MODEL))
         if profiler is not None:
             profiler.stop()

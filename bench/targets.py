@@ -201,7 +201,8 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
     return result
 
 
-async def measure_targets(args, gateway: Target, floor: Target, served: Target, floor2: Target, direct: Target,
+async def measure_targets(args, gateway: Target, floor: Target, served: Target, served1: Target, floor2: Target,
+                          direct: Target,
                           sim_url: str, pids: dict[str, list[int]], translated_model: str) -> dict:
     out: dict = {}
     c = args.concurrency
@@ -233,7 +234,7 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             return one
 
         whole = {tokens: chat_body(f"Say hello. [sim tokens={tokens}]", stream=False) for tokens in WHOLE_ANSWERS}
-        for target in (floor, gateway, served):  # warm-up
+        for target in (floor, gateway, served, served1):  # warm-up
             await interleaved([target], 20, c, one_whole_of(whole[50]))
         # Every answer size, floor and gateway, in the same alternating
         # rounds: each ratio is taken over the same stretch of the machine's
@@ -244,8 +245,8 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
         targets, leg_pids, one = named_legs(legs, pids)
         out["whole"] = await cpu_rounds(targets, leg_pids, args.requests, c, one)
         await client.delete(sim_url + "/_sim/records")
-        log("CPU per non-stream request: one gateway process, serve --workers 2; the floor in one process, in two")
-        out["serve"] = await cpu_rounds([gateway, served, floor, floor2], pids, args.requests, c,
+        log("CPU per non-stream request: one gateway process, serve --workers 1 and 2; the floor in one process, in two")
+        out["serve"] = await cpu_rounds([gateway, served1, served, floor, floor2], pids, args.requests, c,
                                         one_whole_of(whole[50]))
         await client.delete(sim_url + "/_sim/records")
 
