@@ -98,7 +98,7 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     rows.append((f"CPU per request, serve --workers 2 (summed; CPU split {spread} %)",
                  f"{alone * 1e3:.2f} ms (serve --workers 1)", f"{two * 1e3:.2f} ms",
                  ratio(served["serve"], served["serve1"]), "≤ 1.10×"))
-    rows.append(("  serve --workers 1 (Daphne on uvloop) against the one gateway process (Daphne's own loop)",
+    rows.append(("  serve --workers 1 (Daphne on uvloop, multiprocess metrics) against the one gateway process (Daphne's own loop)",
                  f"{daphne_alone * 1e3:.2f} ms (gateway)", f"{alone * 1e3:.2f} ms",
                  ratio(served["serve1"], served["gateway"]), "—"))
     floor_alone, floor_two = per(served["floor"]), per(served["floor2"])

@@ -106,6 +106,18 @@ TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: ch
 BIN = Path(sys.executable).parent
 
 
+def start_serve(children: list[Child], name: str, port: int, workers: int, env: dict[str, str],
+                tmp: Path) -> tuple[list[str], str]:
+    """``manage.py serve`` with ``workers`` workers, added to ``children``
+    and answering: its command line and its address."""
+    serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port),
+                  "--workers", str(workers)]
+    children.append(Child(name, serve_args, env, tmp))
+    url = f"http://127.0.0.1:{port}"
+    children[-1].wait_ready(url + "/healthz")
+    return serve_args, url
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -179,17 +191,9 @@ def main() -> int:
         children[-1].wait_ready(f"http://127.0.0.1:{floor2_port}/_sim/health")
         # serve with one worker: the one process that two are held against
         # (the same server, on uvloop, where the gateway above is Daphne's own loop).
-        serve1_port = free_port()
-        serve1_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve1_port),
-                       "--workers", "1"]
-        children.append(Child("serve1", serve1_args, env, tmp))
-        serve1_url = f"http://127.0.0.1:{serve1_port}"
-        children[-1].wait_ready(serve1_url + "/healthz")
-        serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(serve_port),
-                      "--workers", "2"]
-        children.append(Child("serve", serve_args, env, tmp))
-        floor_url, serve_url = f"http://127.0.0.1:{floor_port}", f"http://127.0.0.1:{serve_port}"
-        children[-1].wait_ready(serve_url + "/healthz")
+        serve1_args, serve1_url = start_serve(children, "serve1", free_port(), 1, env, tmp)
+        serve_args, serve_url = start_serve(children, "serve", serve_port, 2, env, tmp)
+        floor_url = f"http://127.0.0.1:{floor_port}"
         sim, gw, floor_process, *_, serve1_process, serve_process = children
         workers, serve1_workers = serve_workers(serve_process.pid), serve_workers(serve1_process.pid)
         log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}; floor pid "

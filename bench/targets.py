@@ -202,8 +202,7 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
 
 
 async def measure_targets(args, gateway: Target, floor: Target, served: Target, served1: Target, floor2: Target,
-                          direct: Target,
-                          sim_url: str, pids: dict[str, list[int]], translated_model: str) -> dict:
+                          direct: Target, sim_url: str, pids: dict[str, list[int]], translated_model: str) -> dict:
     out: dict = {}
     c = args.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)

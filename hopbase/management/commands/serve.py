@@ -4,11 +4,11 @@ port.
 One Daphne process is one event loop on one core, here uvloop's
 (hopbase.serve_worker). Each worker is handed a listening socket of its
 own (``--fd``), bound here to the one port with ``SO_REUSEPORT`` and a
-large backlog: the kernel spreads new
-connections over the sockets by their addresses. On one socket shared by
-all, the worker that woke first would accept a whole burst (Twisted accepts
-up to a hundred per wake-up), so the few keep-alive connections of a load
-balancer or an SDK's pool, opened together, would all land on one worker.
+large backlog: the kernel spreads new connections over the sockets by
+their addresses. On one socket shared by all, the worker that woke first
+would accept a whole burst (Twisted accepts up to a hundred per wake-up),
+so the few keep-alive connections of a load balancer or an SDK's pool,
+opened together, would all land on one worker.
 The workers are stateless, so any number can share the port. Stops them all
 on SIGINT or SIGTERM, and stops when any of them dies.
 """
