@@ -106,10 +106,11 @@ TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: ch
 BIN = Path(sys.executable).parent
 
 
-def start_serve(children: list[Child], name: str, port: int, workers: int, env: dict[str, str],
+def start_serve(children: list[Child], name: str, workers: int, env: dict[str, str],
                 tmp: Path) -> tuple[list[str], str]:
-    """``manage.py serve`` with ``workers`` workers, added to ``children``
-    and answering: its command line and its address."""
+    """``manage.py serve`` with ``workers`` workers on a free port, added to
+    ``children`` and answering: its command line and its address."""
+    port = free_port()
     serve_args = [sys.executable, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port),
                   "--workers", str(workers)]
     children.append(Child(name, serve_args, env, tmp))
@@ -154,7 +155,7 @@ def main() -> int:
     children: list[Child] = []
     profilers: list[Profiler] = []
     try:
-        sim_port, gw_port, floor_port, serve_port = free_port(), free_port(), free_port(), free_port()
+        sim_port, gw_port, floor_port = free_port(), free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
         log(f"temporary folder {tmp}")
         manage(["migrate", "--verbosity", "0"], env)
@@ -191,8 +192,8 @@ def main() -> int:
         children[-1].wait_ready(f"http://127.0.0.1:{floor2_port}/_sim/health")
         # serve with one worker: the one process that two are held against
         # (the same server, on uvloop, where the gateway above is Daphne's own loop).
-        serve1_args, serve1_url = start_serve(children, "serve1", free_port(), 1, env, tmp)
-        serve_args, serve_url = start_serve(children, "serve", serve_port, 2, env, tmp)
+        serve1_args, serve1_url = start_serve(children, "serve1", 1, env, tmp)
+        serve_args, serve_url = start_serve(children, "serve", 2, env, tmp)
         floor_url = f"http://127.0.0.1:{floor_port}"
         sim, gw, floor_process, *_, serve1_process, serve_process = children
         workers, serve1_workers = serve_workers(serve_process.pid), serve_workers(serve1_process.pid)
