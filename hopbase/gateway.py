@@ -12,10 +12,10 @@ from channels_pool.health import board
 from channels_pool.http_client import new_client
 from channels_pool.selection import directory
 from hopbase import lifecycle
+from hopbase.drain import Drain
 from hopbase.limits import limits
 from hopbase.metrics import Counted, PrometheusMeter
 from hopbase.relay import Relay, Timings
-from hopbase.run import Drain
 
 # Every record the gateway makes is counted on its way (hopbase.metrics).
 recorder = Counted(billing_recorder)

@@ -31,7 +31,8 @@ from hopbase.body_keys import repeated_key
 from hopbase.client_address import client_address
 from hopbase.metrics import refusals_total
 from hopbase.protocols.base import Api, RequestFacts, dumps
-from hopbase.run import Reply, error_reply, new_request_id
+from hopbase.reply import Reply, error_reply
+from hopbase.run import new_request_id
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
 SPOOL_FULL_MESSAGE = "The gateway cannot record requests right now. Please retry shortly."

@@ -36,10 +36,12 @@ from channels_pool.upstream import Attempt, Signal
 from core.errors import UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
+from hopbase.drain import Drain
 from hopbase.limits import POLL_SECONDS, Limits
 from hopbase.protocols.base import Api, Mark, RequestFacts
 from hopbase.releases import Releases
-from hopbase.run import DRAIN_RETRY_AFTER, STREAM_HEADERS, Committed, Drain, Reply, Run, error_reply
+from hopbase.reply import STREAM_HEADERS, Reply, error_reply
+from hopbase.run import DRAIN_RETRY_AFTER, Committed, Run
 from hopbase.translation.legs import Leg, Legs
 from hopbase.translation.neutral import CannotServe
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,6 @@ from billing.finished import Finished
 from channels_pool.selection import ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core.errors import (
-    FINAL,
     INTERRUPTED_MESSAGE,
     PROVIDER_ERROR_MESSAGE,
     STALLED_MESSAGE,
@@ -35,11 +33,11 @@ from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
 from hopbase.releases import Releases
+from hopbase.reply import Reply, error_reply
 
 if TYPE_CHECKING:
     from hopbase.relay import Relay
 
-STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
 # What a request ended by a drain is told: another process will serve it.
@@ -52,32 +50,6 @@ def new_request_id() -> str:
 
 
 @dataclass
-class Reply:
-    """What the view sends: a whole body, or a stream of chunks."""
-
-    status: int
-    content_type: str
-    body: bytes = b""
-    chunks: AsyncIterator[bytes] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    # For a stream: what to do if it is dropped without ever being read,
-    # and when its client falls too far behind (hopbase.backpressure).
-    abandon: Callable[[], None] | None = None
-    too_slow: Callable[[], None] | None = None
-
-
-def error_reply(api: Api, error: GatewayError) -> Reply:
-    """One of HopBase's own errors, in the API's format (table E)."""
-    status, body = api.error_body(error)
-    headers = {}
-    if error.retry_after is not None:
-        headers["retry-after"] = str(error.retry_after)
-    if error.kind in FINAL:
-        headers["x-should-retry"] = "false"
-    return Reply(status, "application/json", body=body, headers=headers)
-
-
-@dataclass
 class Committed:
     """The attempt the request belongs to now (M1), and what the hold kept."""
 
@@ -85,41 +57,6 @@ class Committed:
     watcher: StreamWatcher
     first_bytes: bytes
     ended: bool  # the terminal event is already among the first bytes
-
-
-class Drain:
-    """What the relay sees of a graceful drain (hopbase.lifecycle): when the
-    requests still open are to end, and a wake-up, when the drain begins,
-    for every attempt that is waiting on its channel."""
-
-    def __init__(self, deadline: Callable[[], float | None], signal: Callable[[], asyncio.Event]) -> None:
-        self.deadline = deadline
-        self._signal = signal
-        # The attempts waiting in the event loop that last watched one (a
-        # process has one loop; tests run one after another).
-        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
-        self._waiting: set[Attempt] = set()
-
-    @classmethod
-    def never(cls) -> Drain:
-        """For a relay that is never drained (tests, tools)."""
-        return cls(lambda: None, asyncio.Event)
-
-    def watch(self, attempt: Attempt) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is None or self._loop() is not loop:
-            self._loop, self._waiting = weakref.ref(loop), set()
-            loop.create_task(self._wake_on_drain(self._signal(), self._waiting))
-        self._waiting.add(attempt)
-
-    def unwatch(self, attempt: Attempt) -> None:
-        self._waiting.discard(attempt)
-
-    @staticmethod
-    async def _wake_on_drain(signal: asyncio.Event, attempts: set[Attempt]) -> None:
-        await signal.wait()
-        for attempt in list(attempts):
-            attempt.wake()
 
 
 @dataclass(frozen=True)

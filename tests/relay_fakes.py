@@ -21,9 +21,9 @@ from channels_pool.affinity import ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelInfo
 from hopbase.auth import Caller
+from hopbase.drain import Drain
 from hopbase.limits import Limits, LocalCounters
 from hopbase.relay import Relay, Timings
-from hopbase.run import Drain
 
 
 @dataclass

@@ -12,8 +12,8 @@ import orjson
 
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
+from hopbase.drain import Drain
 from hopbase.protocols import CHAT, GEMINI_CACHES
-from hopbase.run import Drain
 from tests.relay_fakes import (
     DONE,
     FAST,
