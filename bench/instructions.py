@@ -7,6 +7,7 @@ Debian's ``valgrind``)::
 
     .venv/bin/python bench/instructions.py OLD [NEW] [--requests N]
                                            [--concurrency C] [--tokens T]
+                                           [--pace SECONDS]
 
 OLD and NEW are checkouts of the project (NEW defaults to this one), e.g.
 ``git worktree add /tmp/old HEAD~3``. Each is served by one Daphne process
@@ -20,8 +21,11 @@ The event loop's count repeats within about 0.5 % (the same checkout as
 both old and new: 1.000×), so a change of 2 % there is real. All threads
 together move by 5 %: the periodic jobs run on the clock, and under
 callgrind a request takes 50 times longer. Timing is not what it was
-either (upstream events arrive in fewer reads), so a change to how reads
-are waited for is better judged by bench/run.py.
+either: upstream events arrive in fewer reads (two or three a request). A
+change to what is done per read is judged with ``--pace``: the simulator
+sends its tokens that many seconds apart (0.004 outlasts a read under
+callgrind), so that every event is a read of its own, as from a provider
+generating them.
 """
 
 from __future__ import annotations
@@ -92,7 +96,8 @@ def measure(name: str, checkout: Path, sim_url: str, env: dict[str, str], tmp: P
     try:
         child.wait_ready(url + "/healthz", within=UNDER_CALLGRIND_START)
         target = Target(name, url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
-        body = chat_body(f"Say hello. [sim tokens={args.tokens}]", stream=False)
+        pace = f" pace={args.pace}" if args.pace else ""
+        body = chat_body(f"Say hello. [sim tokens={args.tokens}{pace}]", stream=False)
         asyncio.run(calls(target, WARM_UP, args.concurrency, body))
         subprocess.run(["callgrind_control", "--zero", str(child.pid)], check=True, capture_output=True)
         asyncio.run(calls(target, args.requests, args.concurrency, body))
@@ -114,6 +119,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=50, help="tokens of each non-stream answer")
+    parser.add_argument("--pace", type=float, default=0.0, help="seconds between the simulator's tokens")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -138,7 +144,8 @@ def main() -> int:
             counts = measure(name, checkout.resolve(), sim_url, env, tmp, args)
             results.append((name, checkout, counts))
             print(f"[instructions] {name} measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        print(f"{args.requests} non-stream Chat requests of {args.tokens} tokens, {args.concurrency} at a time,"
+        paced = f" (tokens {args.pace} s apart)" if args.pace else ""
+        print(f"{args.requests} non-stream Chat requests of {args.tokens} tokens{paced}, {args.concurrency} at a time,"
               " each checkout's gateway under callgrind:\n")
         print("| checkout | commit | event loop, per request | against old | all threads | against old |")
         print("|---|---|---:|---:|---:|---:|")
