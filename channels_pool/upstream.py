@@ -5,6 +5,11 @@ The relay never awaits the httpx iterator directly: cancelling a
 ``wait_for`` around ``__anext__`` would close it. Reading in a separate task
 lets the relay time keep-alives, stalls and the hold with plain queue waits,
 and ending an attempt (cancelling its task) hangs up on the channel at once.
+
+An answer the client takes whole (F4) need not wake the relay for every
+read: ``consume()`` has the reading task hand each event to the relay's
+function as it is split, and ``next()`` gives only the event that function
+keeps (the answer's end), signals and failures.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
+# Takes an event as it is read; True keeps it (and what follows) for next().
+Consumer = Callable[[Event], bool]
 
 
 class Signal(enum.Enum):
@@ -109,7 +116,12 @@ class Attempt:
         self._splitter = EventSplitter()
         self._events: deque[Event] = deque()
         self._timer: asyncio.TimerHandle | None = None
-        self._task = asyncio.get_running_loop().create_task(self._pump(http, url, headers, content))
+        self._take: Consumer | None = None
+        self._loop = loop = asyncio.get_running_loop()
+        # When the channel last sent bytes, kept once consume() is called
+        # (until then the relay sees every read itself).
+        self.read_at = loop.time()
+        self._task = loop.create_task(self._pump(http, url, headers, content))
 
     async def _pump(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
         try:
@@ -156,7 +168,6 @@ class Attempt:
                 read = chunk_reader(response)
                 while chunk := await read():
                     put(chunk)
-                    self._unread += len(chunk)
                     if self._unread > MAX_UNREAD:
                         self._room = asyncio.get_running_loop().create_future()
                         await self._room
@@ -169,9 +180,65 @@ class Attempt:
             await response.aclose()
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
+        if isinstance(item, bytes):
+            if self._take is not None:
+                self.read_at = self._loop.time()
+                self._hand_over(item)
+                return
+            self._unread += len(item)
+        elif self._take is not None and isinstance(item, Event):
+            self.read_at = self._loop.time()
+            self._offer([item])
+            return
         self._items.append(item)
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
+
+    def consume(self, take: Consumer) -> None:
+        """From now on hand every event to ``take`` as it is read, those
+        already read first; the first it keeps (returns True for) ends the
+        handing over, and ``next()`` returns it, then whatever follows.
+        Until then ``next()`` gives only signals and failures, and the
+        reader judges the channel's silence by ``read_at``."""
+        self._take = take
+        self.read_at = self._loop.time()
+        events, self._events = list(self._events), deque()
+        if self._offer(events):
+            return
+        items = self._items
+        while self._take is not None and items and isinstance(items[0], bytes | Event):
+            item = items.popleft()
+            if isinstance(item, Event):
+                self._offer([item])
+            else:
+                self._unread -= len(item)
+                self._hand_over(item)
+        if self._room is not None and self._unread <= MAX_UNREAD // 2:
+            _set_if_waiting(self._room)
+            self._room = None
+
+    def _hand_over(self, chunk: bytes) -> None:
+        events = self._splitter.feed(chunk)
+        if events:
+            self._offer(events)
+        elif self._splitter.pending_size > MAX_EVENT:
+            self._take = None
+            self._hang_up()
+            self._items.appendleft(UpstreamFailure("cut", self.status))
+            self.wake()
+
+    def _offer(self, events: list[Event]) -> bool:
+        """Hand ``events`` to the consumer; the one it keeps and those after
+        it go ahead of anything queued, for ``next()``."""
+        take = self._take
+        assert take is not None
+        for index, event in enumerate(events):
+            if take(event):
+                self._take = None
+                self._items.extendleft(reversed(events[index:]))
+                self.wake()
+                return True
+        return False
 
     async def next(self, timeout: float) -> Event | Signal | UpstreamFailure:
         if self._events:
@@ -218,7 +285,10 @@ class Attempt:
             rest = self._splitter.finish()
             if rest:
                 self._items.appendleft(Signal.END)
-                return rest[0]
+                if self._take is None:
+                    return rest[0]
+                self._offer(rest)
+                return self._items.popleft()
         return item
 
     def buffered_event(self) -> Event | None:
@@ -257,6 +327,7 @@ class Attempt:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._take = None  # it refers back to the relay's run, which refers to this
         if self._task.done():
             return
         if self.completed:

@@ -130,15 +130,14 @@ class Run:
 
     # -- after the commit (M1–M6, S1) ------------------------------------
 
-    async def events(self, committed: Committed, keepalive: float | None) -> AsyncIterator[bytes]:
+    async def stream(self, committed: Committed) -> AsyncIterator[bytes]:
         """The client's bytes from a committed attempt up to its end, with
-        keep-alives every ``keepalive`` seconds of client silence (None: no
-        keep-alives, for answers assembled whole). An early end yields the
+        keep-alives in the client's silences. An early end yields the
         caller's error event; ``self.ending`` says how it ended. The request
         is finished when this ends, however it ends."""
         loop = asyncio.get_running_loop()
         attempt, watcher = committed.attempt, committed.watcher
-        stall = self.relay.timings.stall
+        stall, keepalive = self.relay.timings.stall, self.relay.timings.keepalive
         self.relay.recorder.track(self.request_id, self._in_flight)
         self.attempt = attempt
         try:
@@ -165,7 +164,7 @@ class Run:
                     yield self._end(ending, pending=out)
                     return
                 stall_at = last_from_channel + stall
-                wake_at = stall_at if keepalive is None else min(stall_at, last_to_client + keepalive)
+                wake_at = min(stall_at, last_to_client + keepalive)
                 drain_at = self.relay.drain.deadline()
                 if drain_at is not None:
                     wake_at = min(wake_at, drain_at)
@@ -173,17 +172,11 @@ class Run:
                 now = loop.time()
                 match item:
                     case Signal.TIMEOUT:
-                        if drain_at is not None and now >= drain_at:
-                            self.error_kind = "drain"
-                            ending = Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE, drained=True)
+                        ending = self._timed_out(now, drain_at, stall_at)
+                        if ending is not None:
                             yield self._end(ending, pending=out)
                             return
-                        if now >= stall_at:
-                            self.error_kind = "stall"
-                            ending = Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE)
-                            yield self._end(ending, pending=out)
-                            return
-                        if keepalive is not None and now >= last_to_client + keepalive:
+                        if now >= last_to_client + keepalive:
                             yield self.api.keepalive
                             last_to_client = now
                     case Signal.PROGRESS | Signal.OPENED:
@@ -198,18 +191,12 @@ class Run:
                         event: Event | None = item
                         while event is not None:
                             mark = watcher.mark(event)
-                            if mark & Mark.ERROR:
-                                self.error_kind = "error_event"
-                                busy = watcher.busy_error
-                                ending = Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
-                                yield self._end(ending, pending=out)
-                                return
-                            if mark & (Mark.CONTENT | Mark.TERMINAL):
-                                # Committed by the hold cap (F7): the channel has now delivered.
-                                self.content_arrived(attempt.channel.id)
-                            if mark & Mark.TERMINAL:
-                                last = watcher.client_bytes(event) + watcher.end_of_stream()
-                                yield self._end(self._completed(attempt), last, pending=out)
+                            ending = self._ends_at(mark, committed)
+                            if ending is not None:
+                                last = None
+                                if ending.status is Status.COMPLETED:
+                                    last = watcher.client_bytes(event) + watcher.end_of_stream()
+                                yield self._end(ending, last, pending=out)
                                 return
                             if not mark & Mark.DROP:
                                 out.append(watcher.client_bytes(event))
@@ -219,6 +206,92 @@ class Run:
                             next_journal = now + JOURNAL_EVERY
         finally:
             self.finish(self.ending.status)
+
+    async def collect(self, committed: Committed) -> Reply:
+        """F4: a non-streaming request, assembled from the channel's stream.
+        Its events are marked as they are read, in the attempt's own task
+        (``Attempt.consume``): this one wakes for the answer's end, a
+        failure, its clocks (stall, drain) and the journal, not for every
+        upstream read."""
+        self.relay.recorder.track(self.request_id, self._in_flight)
+        self.attempt = committed.attempt
+        try:
+            self.ending = await self._assembled(committed)
+        finally:
+            self.finish(self.ending.status)
+        if self.ending.status is not Status.COMPLETED:
+            return error_reply(self.api, self.ending.error())
+        return Reply(200, "application/json", body=committed.watcher.assembled_body())
+
+    async def _assembled(self, committed: Committed) -> Ending:
+        loop = asyncio.get_running_loop()
+        attempt, watcher = committed.attempt, committed.watcher
+        if committed.ended:
+            watcher.end_of_stream()
+            return self._completed(attempt)
+        ending: Ending | None = None
+
+        def take(event: Event) -> bool:
+            # What a stream would send, made and let go of: a translated
+            # answer is assembled by the client API's writer as it writes.
+            nonlocal ending
+            mark = watcher.mark(event)
+            ending = self._ends_at(mark, committed)
+            if ending is None:
+                if not mark & Mark.DROP:
+                    watcher.client_bytes(event)
+                return False
+            if ending.status is Status.COMPLETED:
+                watcher.client_bytes(event)
+                watcher.end_of_stream()
+            return True
+
+        attempt.consume(take)
+        stall = self.relay.timings.stall
+        next_journal = loop.time() + JOURNAL_EVERY
+        while ending is None:
+            stall_at = attempt.read_at + stall
+            wake_at = min(stall_at, next_journal)
+            drain_at = self.relay.drain.deadline()
+            if drain_at is not None:
+                wake_at = min(wake_at, drain_at)
+            item = await attempt.next(wake_at - loop.time())
+            match item:
+                case Signal.TIMEOUT:
+                    now = loop.time()
+                    timed_out = self._timed_out(now, drain_at, attempt.read_at + stall)
+                    if timed_out is not None:
+                        return timed_out
+                    if now >= next_journal:
+                        self.relay.recorder.progress(self._in_flight())
+                        next_journal = now + JOURNAL_EVERY
+                case Signal.END | UpstreamFailure():
+                    return self._ended_early(item, attempt)
+        return ending
+
+    def _ends_at(self, mark: int, committed: Committed) -> Ending | None:
+        """How an event marked ``mark`` ends a committed request: completed,
+        or interrupted by the provider's error; None while it goes on."""
+        if mark & Mark.ERROR:
+            self.error_kind = "error_event"
+            busy = committed.watcher.busy_error
+            return Ending(self.cut_short(Status.INTERRUPTED), busy, retry_after=1 if busy else None)
+        if mark & (Mark.CONTENT | Mark.TERMINAL):
+            # Committed by the hold cap (F7): the channel has now delivered.
+            self.content_arrived(committed.attempt.channel.id)
+        if mark & Mark.TERMINAL:
+            return self._completed(committed.attempt)
+        return None
+
+    def _timed_out(self, now: float, drain_at: float | None, stall_at: float) -> Ending | None:
+        """The drain's deadline or the stall timeout (M2) reached, if either is."""
+        if drain_at is not None and now >= drain_at:
+            self.error_kind = "drain"
+            return Ending(self.cut_short(Status.INTERRUPTED), message=INTERRUPTED_MESSAGE, drained=True)
+        if now >= stall_at:
+            self.error_kind = "stall"
+            return Ending(self.cut_short(Status.STALLED), message=STALLED_MESSAGE)
+        return None
 
     def _end(self, ending: Ending, last: bytes | None = None, pending: Sequence[bytes] = ()) -> bytes:
         """End the request as ``ending`` says and record it, then hand back
@@ -253,17 +326,6 @@ class Run:
         self.upstream_status = attempt.status
         message = None if failure.busy else INTERRUPTED_MESSAGE
         return Ending(self.cut_short(Status.INTERRUPTED), failure.busy, message, failure.retry_after)
-
-    def stream(self, committed: Committed) -> AsyncIterator[bytes]:
-        return self.events(committed, self.relay.timings.keepalive)
-
-    async def collect(self, committed: Committed) -> Reply:
-        """F4: a non-streaming request, assembled from the channel's stream."""
-        async for _ in self.events(committed, keepalive=None):
-            pass
-        if self.ending.status is not Status.COMPLETED:
-            return error_reply(self.api, self.ending.error())
-        return Reply(200, "application/json", body=committed.watcher.assembled_body())
 
     # -- the end -----------------------------------------------------------
 

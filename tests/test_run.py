@@ -5,11 +5,13 @@ milliseconds, no processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import replace
 
 import orjson
 
+from channels_pool.upstream import Attempt
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
 from hopbase.drain import Drain
@@ -25,6 +27,7 @@ from tests.relay_fakes import (
     build,
     caller,
     chat_chunk,
+    chat_usage,
     sse,
 )
 
@@ -43,6 +46,16 @@ def read_all_of(bench, **kwargs) -> list[bytes]:
         return [chunk async for chunk in reply.chunks]
 
     return asyncio.run(scenario())
+
+
+async def cancelled_when(ready, bench, **kwargs) -> None:
+    """Serve a request and cancel it (its client gone) once ``ready()``."""
+    task = asyncio.create_task(serve(bench, **kwargs))
+    while not ready():
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def error_event(chunk: bytes) -> dict:
@@ -120,6 +133,85 @@ def test_a_non_streaming_request_cut_mid_way_gets_the_table_e_error():
     assert json.loads(reply.body)["error"]["message"] == INTERRUPTED_MESSAGE
 
 
+def non_streaming() -> dict:
+    return {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_non_streaming_answer_silent_past_the_stall_timeout_gets_the_table_e_error():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), 0.05, chat_chunk(" there"), Hang()])
+    bench = build(upstream, [upstream["a"].info])
+    reply = asyncio.run(serve(bench, body=non_streaming()))
+    assert reply.status == 500
+    assert json.loads(reply.body)["error"]["message"] == STALLED_MESSAGE
+    log = bench.recorder.only
+    assert (log.status, log.error_kind, log.sent_chars) == (RequestStatus.STALLED, "stall", len("Hi there"))
+    assert upstream["a"].closed == 1
+
+
+def test_a_non_streaming_answer_the_channel_keeps_feeding_is_not_stalled():
+    # Each read comes well within the stall timeout, the whole answer well past it.
+    upstream = Upstream()
+    words = [f" w{i}" for i in range(12)]
+    script = [PREAMBLE]
+    for word in words:
+        script += [chat_chunk(word), 0.03]
+    upstream.channel("a", [*script, chat_chunk(finish="stop"), chat_usage(5, len(words)), DONE])
+    bench = build(upstream, [upstream["a"].info])
+    reply = asyncio.run(serve(bench, body=non_streaming()))
+    assert reply.status == 200, reply.body
+    assert json.loads(reply.body)["choices"][0]["message"]["content"] == "".join(words)
+    assert bench.recorder.only.status is RequestStatus.COMPLETED
+
+
+def test_a_providers_error_event_mid_answer_gets_the_table_e_error_and_none_of_its_detail():
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), sse({"error": {"message": "secret detail", "type": "server_error"}})])
+    bench = build(upstream, [upstream["a"].info])
+    reply = asyncio.run(serve(bench, body=non_streaming()))
+    assert reply.status == 500
+    assert b"secret detail" not in reply.body
+    log = bench.recorder.only
+    assert (log.status, log.error_kind) == (RequestStatus.INTERRUPTED, "error_event")
+    assert upstream["a"].closed == 1
+
+
+def test_an_answer_assembled_whole_wakes_the_relay_for_its_end_not_for_every_read(monkeypatch):
+    upstream = Upstream()
+    words = [f" w{i}" for i in range(40)]
+    script = [PREAMBLE, chat_chunk("Hi")]
+    for word in words:
+        script += [0.001, chat_chunk(word)]  # each in a read of its own
+    upstream.channel("a", [*script, chat_chunk(finish="stop"), chat_usage(5, 41), DONE])
+    bench = build(upstream, [upstream["a"].info])
+    returned = []
+    next_item = Attempt.next
+
+    async def counted(self, timeout):
+        item = await next_item(self, timeout)
+        returned.append(item)
+        return item
+
+    monkeypatch.setattr(Attempt, "next", counted)
+    reply = asyncio.run(serve(bench, body=non_streaming()))
+    assert json.loads(reply.body)["choices"][0]["message"]["content"] == "Hi" + "".join(words)
+    assert json.loads(reply.body)["usage"]["completion_tokens"] == 41
+    # The hold's OPENED, preamble and first token, then the answer's end.
+    assert len(returned) <= 5, returned
+
+
+def test_a_client_that_leaves_a_non_streaming_answer_hangs_up_on_the_channel_and_frees_its_slots():
+    upstream = Upstream()
+    channel = upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), Hang()], max_concurrency=1)
+    bench = build(upstream, [channel], replace(FAST, stall=10.0))
+
+    # Cancelled once committed, while the answer is being assembled.
+    asyncio.run(cancelled_when(lambda: bench.recorder.tracked, bench, body=non_streaming(), key_concurrency=1))
+    assert upstream["a"].closed == 1
+    assert bench.slots_held() == {}
+    assert bench.recorder.only.status is RequestStatus.CANCELLED
+
+
 # -- cancellation (B1) and what a request holds -----------------------------------------
 
 
@@ -164,17 +256,7 @@ def test_a_request_cancelled_during_the_hold_lets_go_of_everything():
     channel = upstream.channel("a", [PREAMBLE, Hang()], max_concurrency=1)
     bench = build(upstream, [channel])
 
-    async def scenario():
-        task = asyncio.create_task(serve(bench, key_concurrency=1))
-        while not upstream["a"].requests:
-            await asyncio.sleep(0.001)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-
-    asyncio.run(scenario())
+    asyncio.run(cancelled_when(lambda: upstream["a"].requests, bench, key_concurrency=1))
     assert bench.recorder.only.status is RequestStatus.CANCELLED
     assert bench.slots_held() == {}
 

@@ -65,6 +65,54 @@ def test_an_event_that_never_ends_cuts_the_channel_off(monkeypatch):
     assert upstream["a"].closed == 1
 
 
+def test_a_consumer_takes_every_event_in_order_and_next_gives_only_the_one_it_keeps():
+    upstream = Upstream()
+    events = [f"data: {i}\n\n".encode() for i in range(30)]
+    # Two events in the read that holds the kept one: the second follows it.
+    upstream.channel("a", [*events[:20], 0.01, *events[20:28], events[28] + events[29]])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(1) is Signal.OPENED
+        first = await attempt.next(1)
+        for _ in range(20):  # the pump reads on, into the queue
+            await asyncio.sleep(0)
+        taken = []
+
+        def take(event):
+            taken.append(event.raw)
+            return event.raw == events[28]
+
+        attempt.consume(take)
+        items = []
+        while (item := await attempt.next(1)) is not Signal.END:
+            items.append(item)
+        return first, taken, items
+
+    first, taken, items = asyncio.run(scenario())
+    assert first.raw == events[0]
+    assert taken == events[1:29]
+    assert [item.raw for item in items] == events[28:]
+
+
+def test_a_consumed_answer_that_never_ends_its_event_cuts_the_channel_off(monkeypatch):
+    monkeypatch.setattr(upstream_module, "MAX_EVENT", 1000)
+    upstream = Upstream()
+    upstream.channel("a", [b"data: 1\n\n", 0.01, *[b"data: " + b"x" * 600] * 10])
+
+    async def scenario():
+        attempt = attempt_on(upstream, "a")
+        assert await attempt.next(1) is Signal.OPENED
+        attempt.consume(lambda event: False)
+        item = await attempt.next(1)
+        await asyncio.sleep(0)
+        return item
+
+    failure = asyncio.run(scenario())
+    assert isinstance(failure, UpstreamFailure) and failure.kind == "cut"
+    assert upstream["a"].closed == 1
+
+
 def test_wake_ends_a_wait_early():
     upstream = Upstream()
     upstream.channel("a", [Hang()])
