@@ -183,7 +183,7 @@ def test_an_answer_assembled_whole_wakes_the_relay_for_its_end_not_for_every_rea
     for word in words:
         script += [0.001, chat_chunk(word)]  # each in a read of its own
     upstream.channel("a", [*script, chat_chunk(finish="stop"), chat_usage(5, 41), DONE])
-    bench = build(upstream, [upstream["a"].info])
+    bench = build(upstream, [upstream["a"].info], replace(FAST, stall=10.0))  # no clock wakes it
     returned = []
     next_item = Attempt.next
 
