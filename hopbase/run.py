@@ -230,26 +230,37 @@ class Run:
             watcher.end_of_stream()
             return self._completed(attempt)
         ending: Ending | None = None
+        # A fault of the gateway's own while the attempt's task reads: raised
+        # here, as it would be in a stream, never taken for the channel's.
+        fault: Exception | None = None
 
         def take(event: Event) -> bool:
             # What a stream would send, made and let go of: a translated
             # answer is assembled by the client API's writer as it writes.
-            nonlocal ending
-            mark = watcher.mark(event)
-            ending = self._ends_at(mark, committed)
-            if ending is None:
-                if not mark & Mark.DROP:
+            nonlocal ending, fault
+            try:
+                mark = watcher.mark(event)
+                found = self._ends_at(mark, committed)
+                if found is None:
+                    if not mark & Mark.DROP:
+                        watcher.client_bytes(event)
+                    return False
+                if found.status is Status.COMPLETED:
                     watcher.client_bytes(event)
-                return False
-            if ending.status is Status.COMPLETED:
-                watcher.client_bytes(event)
-                watcher.end_of_stream()
+                    watcher.end_of_stream()
+            except Exception as error:
+                fault = error
+                return True
+            ending = found
             return True
 
         attempt.consume(take)
         stall = self.relay.timings.stall
         next_journal = loop.time() + JOURNAL_EVERY
+        journaled_read = attempt.read_at
         while ending is None:
+            if fault is not None:
+                raise fault
             stall_at = attempt.read_at + stall
             wake_at = min(stall_at, next_journal)
             drain_at = self.relay.drain.deadline()
@@ -263,7 +274,9 @@ class Run:
                     if timed_out is not None:
                         return timed_out
                     if now >= next_journal:
-                        self.relay.recorder.progress(self._in_flight())
+                        if attempt.read_at > journaled_read:  # something new to journal
+                            self.relay.recorder.progress(self._in_flight())
+                            journaled_read = attempt.read_at
                         next_journal = now + JOURNAL_EVERY
                 case Signal.END | UpstreamFailure():
                     return self._ended_early(item, attempt)

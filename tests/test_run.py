@@ -10,12 +10,15 @@ import json
 from dataclasses import replace
 
 import orjson
+import pytest
 
 from channels_pool.upstream import Attempt
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
+from hopbase import run as run_module
 from hopbase.drain import Drain
 from hopbase.protocols import CHAT, GEMINI_CACHES
+from hopbase.protocols.openai_chat import ChatWatcher
 from tests.relay_fakes import (
     DONE,
     FAST,
@@ -198,6 +201,38 @@ def test_an_answer_assembled_whole_wakes_the_relay_for_its_end_not_for_every_rea
     assert json.loads(reply.body)["usage"]["completion_tokens"] == 41
     # The hold's OPENED, preamble and first token, then the answer's end.
     assert len(returned) <= 5, returned
+
+
+def test_a_fault_of_the_gateways_own_in_an_answer_assembled_whole_is_raised_and_not_blamed_on_the_channel(monkeypatch):
+    upstream = Upstream()
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), 0.01, chat_chunk("boom"), chat_chunk(finish="stop"), DONE])
+    bench = build(upstream, [upstream["a"].info], replace(FAST, stall=10.0))
+    mark = ChatWatcher.mark
+
+    def faulty(self, event):
+        if b"boom" in event.raw:  # read by the attempt's task, after the commit
+            raise RuntimeError("a bug of the gateway's")
+        return mark(self, event)
+
+    monkeypatch.setattr(ChatWatcher, "mark", faulty)
+    with pytest.raises(RuntimeError, match="a bug of the gateway's"):
+        asyncio.run(serve(bench, body=non_streaming()))
+    assert upstream["a"].closed == 1
+    assert bench.board._breakers[upstream["a"].info.id].failures == 0
+    assert len(bench.recorder.items) == 1
+
+
+def test_an_answer_assembled_whole_is_journalled_as_it_comes_not_while_its_channel_is_silent(monkeypatch):
+    monkeypatch.setattr(run_module, "JOURNAL_EVERY", 0.02)
+    upstream = Upstream()
+    reads = [chat_chunk(f" w{i}") for i in range(10)]
+    upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), *(step for read in reads for step in (0.01, read)), Hang()])
+    bench = build(upstream, [upstream["a"].info], replace(FAST, stall=0.4))
+    reply = asyncio.run(serve(bench, body=non_streaming()))
+    assert json.loads(reply.body)["error"]["message"] == STALLED_MESSAGE
+    progress = bench.recorder.journal[1:]  # after the snapshot taken when tracking began
+    assert 1 <= len(progress) <= len(reads) + 1  # 0.4 s of silence journalled every 0.02 s would be 20 more
+    assert progress[-1].sent_chars == len("Hi" + "".join(f" w{i}" for i in range(10)))
 
 
 def test_a_client_that_leaves_a_non_streaming_answer_hangs_up_on_the_channel_and_frees_its_slots():
