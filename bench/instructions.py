@@ -25,7 +25,8 @@ either: upstream events arrive in fewer reads (two or three a request). A
 change to what is done per read is judged with ``--pace``: the simulator
 sends its tokens that many seconds apart (0.004 outlasts a read under
 callgrind), so that every event is a read of its own, as from a provider
-generating them.
+generating them. Paced, the count moves by a few per cent between runs (a
+slow read under callgrind still lets two events meet): run it more than once.
 """
 
 from __future__ import annotations
