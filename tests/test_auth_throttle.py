@@ -7,7 +7,9 @@ process, and in Redis when there is one (failing open)."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
+import random
 
 import httpx
 import pytest
@@ -15,6 +17,15 @@ import pytest
 from core import dependencies
 from hopbase import auth_throttle
 from hopbase.auth_throttle import FailedAuthentications
+
+# Addresses counted in Redis are this run's own: Redis outlives a run, and
+# another run's failures in the same window would count against them.
+RUN_BASE = ipaddress.ip_address("198.18.0.0") + random.randrange(2**17 - 256)  # RFC 2544's test range
+
+
+def run_address(n: int) -> str:
+    return str(RUN_BASE + n)
+
 
 # -- the counts ---------------------------------------------------------------------
 
@@ -34,7 +45,8 @@ def fail(counts: FailedAuthentications, address: str, times: int) -> None:
     asyncio.run(scenario())
 
 
-def test_an_address_is_held_back_after_its_limit_and_another_is_not(limits):
+def test_an_address_is_held_back_after_its_limit_and_another_is_not(limits, monkeypatch):
+    monkeypatch.setattr(auth_throttle.time, "time", lambda: 1_000_030.0)  # mid-window: no window ends between
     counts = FailedAuthentications()
     fail(counts, "203.0.113.1", 2)
     assert not counts.blocking() and counts.retry_after("203.0.113.1") is None
@@ -72,7 +84,7 @@ def test_the_table_of_addresses_is_bounded_least_recently_used_first_out(limits,
 def test_the_fleets_count_comes_from_redis(limits, settings):
     settings.REDIS_URL = os.environ["REDIS_URL"]
     dependencies.redis.reset()
-    address = "198.51.100.77"
+    address = run_address(77)
     one, other = FailedAuthentications(), FailedAuthentications()  # two gateway processes
     fail(one, address, 2)
     assert other.retry_after(address) is None
@@ -94,6 +106,7 @@ def test_without_redis_each_process_counts_alone(limits, settings, monkeypatch):
 # -- through a gateway behind a trusted proxy ------------------------------------------
 
 LIMIT = 3
+WINDOW = 3600
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +122,8 @@ def proxied_gateway(world):
         **GATEWAY_TIMERS,
         "DATABASE_URL": database_url_for_subprocess(),
         "HOPBASE_AUTH_FAILURES": str(LIMIT),
+        # Windows are fixed: an hour makes one ending amid a test's few calls all but impossible.
+        "HOPBASE_AUTH_FAILURE_WINDOW": str(WINDOW),
         "HOPBASE_TRUSTED_PROXIES": "127.0.0.1",
     }
     if settings.REDIS_URL:
@@ -137,24 +152,24 @@ def ask(gateway, protocol: str, key: str, address: str) -> httpx.Response:
 @pytest.mark.gateway
 @pytest.mark.parametrize("protocol", ["chat", "messages", "gemini"])
 def test_failed_keys_from_one_address_get_429_and_other_addresses_do_not(proxied_gateway, world, protocol):
-    address = f"203.0.113.{10 + list(THROTTLED).index(protocol)}"
+    address = run_address(10 + list(THROTTLED).index(protocol))
     for _ in range(LIMIT):
         assert ask(proxied_gateway, protocol, "hb-guess", address).status_code == REFUSED[protocol]
     held = ask(proxied_gateway, protocol, "hb-guess", address)
     status, check = THROTTLED[protocol]
     assert held.status_code == status and check(held.json())
-    assert 1 <= int(held.headers["retry-after"]) <= 60
+    assert 1 <= int(held.headers["retry-after"]) <= WINDOW
     assert "failed authentications" in held.text
     # A right key this gateway has not seen waits too: nothing is looked up for this address.
     assert ask(proxied_gateway, protocol, world.other_key, address).status_code == 429
     # Another address is unaffected.
-    assert ask(proxied_gateway, protocol, "hb-guess", "203.0.113.200").status_code == REFUSED[protocol]
+    assert ask(proxied_gateway, protocol, "hb-guess", run_address(200)).status_code == REFUSED[protocol]
 
 
 @pytest.mark.gateway
 def test_a_key_already_known_is_served_from_a_held_back_address(proxied_gateway, world):
-    address = "203.0.113.50"
-    assert ask(proxied_gateway, "chat", world.key, "198.51.100.1").status_code == 200  # now known here
+    address = run_address(50)
+    assert ask(proxied_gateway, "chat", world.key, run_address(1)).status_code == 200  # now known here
     for _ in range(LIMIT):
         ask(proxied_gateway, "chat", "hb-guess", address)
     assert ask(proxied_gateway, "chat", "hb-guess", address).status_code == 429
