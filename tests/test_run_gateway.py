@@ -109,6 +109,36 @@ def test_a_stalled_stream_is_ended_despite_keepalives(gateway, world, protocol):
     assert log.output_tokens >= 2
 
 
+# -- an answer taken whole (F4) that fails after its first token ---------------
+
+FAILED = {"chat": 500, "responses": 500, "messages": 500, "gemini": 503}
+BUSY = {"chat": 429, "responses": 429, "messages": 529, "gemini": 429}
+WHOLE_ANSWER_ENDS = {
+    # directive -> (the status each protocol answers with, what its error
+    # says, the log's status, whether the gateway hung up on the channel)
+    "tokens=8 cut_after=3": (FAILED, INTERRUPTED, "interrupted", False),
+    "tokens=8 stall_after=2": (FAILED, STALLED, "stalled", True),
+    "tokens=6 error_after=2 error_kind=overloaded": (BUSY, "", "interrupted", False),
+}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("directive", list(WHOLE_ANSWER_ENDS))
+def test_a_whole_answer_failing_after_its_first_token_gets_the_table_e_error(gateway, world, protocol, directive):
+    tag = new_tag()
+    response = post(gateway, protocol, world.key, "sim-model", f"hi [sim tag={tag} {directive}]")
+    statuses, message, logged, hung_up = WHOLE_ANSWER_ENDS[directive]
+    assert response.status_code == statuses[protocol], response.text
+    assert message in response.json()["error"]["message"]
+    assert b"simulated" not in response.content
+    (record,) = wait_for_records(world.simulator.url, tag, closed=hung_up)
+    if hung_up:  # a channel that ends its answer itself has nothing to hang up on
+        assert record["client_closed_at"] is not None
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert (log.status, log.stream) == (logged, False)
+    assert log.usage_estimated is True and log.output_tokens >= 2
+
+
 # -- cancellation (B1) ---------------------------------------------------------
 
 
