@@ -761,12 +761,12 @@ json_values = st.recursive(
 def answers(draw):
     """Pieces as a reader hands them: text, thinking (maybe signed), redacted
     thinking and tool calls in any mix, arguments valid JSON cut anywhere."""
-    pieces, texts, thoughts, calls = [], [], [], []
+    pieces, thoughts, calls = [], [], []
     for kind in draw(st.lists(st.sampled_from(["text", "thinking", "redacted", "tool"]), max_size=6)):
         if kind == "text":
-            chunks = draw(st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=3))
+            text = st.text(min_size=1, max_size=6) | st.sampled_from(["\n\n", " ", "\t\n"])
+            chunks = draw(st.lists(text, min_size=1, max_size=3))
             pieces += [TextDelta(t) for t in chunks]
-            texts += chunks
         elif kind == "thinking":
             chunks = draw(st.lists(st.text(max_size=6), max_size=3))
             pieces += [ThinkingDelta(t) for t in chunks]
@@ -790,7 +790,21 @@ def answers(draw):
             pieces += [ToolArguments(index, raw[a:b]) for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
             calls.append(arguments)
     pieces.append(Stop(draw(st.sampled_from(list(StopReason))), draw(st.none() | st.just("END"))))
-    return pieces, "".join(texts), "".join(thoughts), calls
+    return pieces, shown_text(pieces), "".join(thoughts), calls
+
+
+def shown_text(pieces: list) -> str:
+    """The text a caller is given: each run of text between two other
+    blocks, but for a run of whitespace alone (Anthropic refuses it back)."""
+    runs = [""]
+    for piece in pieces:
+        if isinstance(piece, TextDelta):
+            runs[-1] += piece.text
+        elif isinstance(piece, ToolCallStart | ThinkingSignature | RedactedThinking) or (
+            isinstance(piece, ThinkingDelta) and piece.text
+        ):
+            runs.append("")
+    return "".join(run for run in runs if run and not run.isspace())
 
 
 @settings(max_examples=50, deadline=None)
@@ -844,6 +858,21 @@ def test_whitespace_only_text_is_left_out_anthropic_refuses_it():
         {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "get_weather", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1"}]},
     ]
+
+
+def test_the_writer_gives_whitespace_no_text_block_of_its_own():
+    # A Chat model's "\n\n" before its tool call, handed back by Claude Code
+    # to an Anthropic channel, would be refused there for good.
+    pieces = [TextDelta("\n\n"), ToolCallStart(0, "call_1", "get_weather"), ToolArguments(0, "{}"),
+              TextDelta(" "), TextDelta("\n"), TextDelta("Done"), TextDelta(" \n"), RedactedThinking("x", OPENAI),
+              TextDelta("\t"), Stop(StopReason.TOOL_USE)]
+    blocks = [("tool_use", None), ("text", " \nDone \n"), ("redacted_thinking", None)]
+    message, _ = streamed_message(pieces, USAGE)
+    assert [(b.type, getattr(b, "text", None)) for b in message.content] == blocks
+    whole = writer()
+    for piece in pieces:
+        whole.write([piece])
+    assert [(b["type"], b.get("text")) for b in json.loads(whole.body(USAGE))["content"]] == blocks
 
 
 def test_the_default_room_to_answer_after_thinking_fits_every_claude_model():

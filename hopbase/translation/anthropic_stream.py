@@ -155,6 +155,7 @@ class AnthropicWriter(Writer):
         self._parts: list[list[str]] = []  # each block's text, thinking or input JSON fragments
         self._tool_blocks: dict[int, int] = {}  # tool call index -> block index
         self._stop: Stop | None = None
+        self._space = ""  # whitespace read while no text block is open, not yet written
 
     def write(self, pieces: list[Piece]) -> bytes:
         if not pieces:
@@ -186,6 +187,13 @@ class AnthropicWriter(Writer):
         if not text:
             return  # an empty text block would be refused when the client sends it back
         if self._open != "text":
+            # So would a block of whitespace alone ("text content blocks must
+            # contain non-whitespace text"), such as a Chat model's "\n\n"
+            # before its tool calls: a block starts with its first real text.
+            if text.isspace():
+                self._space += text
+                return
+            text, self._space = self._space + text, ""
             self._open_block(out, "text", {"type": "text", "text": ""})
         out.append(_DELTA + self._index + _TEXT + dumps(text) + _END)
         if self.assembles:
@@ -227,6 +235,7 @@ class AnthropicWriter(Writer):
 
     def _open_block(self, out: list[bytes], kind: str, block: dict[str, Any]) -> None:
         self._close(out)
+        self._space = ""  # whitespace between two other blocks is no block of its own
         index = len(self._blocks)
         self._blocks.append(block)
         self._parts.append([])
