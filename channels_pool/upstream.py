@@ -180,16 +180,13 @@ class Attempt:
             await response.aclose()
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
-        if isinstance(item, bytes):
+        if isinstance(item, bytes | Event):
             if self._take is not None:
                 self.read_at = self._loop.time()
                 self._hand_over(item)
                 return
-            self._unread += len(item)
-        elif self._take is not None and isinstance(item, Event):
-            self.read_at = self._loop.time()
-            self._offer([item])
-            return
+            if isinstance(item, bytes):
+                self._unread += len(item)
         self._items.append(item)
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
@@ -208,17 +205,17 @@ class Attempt:
         items = self._items
         while self._take is not None and items and isinstance(items[0], bytes | Event):
             item = items.popleft()
-            if isinstance(item, Event):
-                self._offer([item])
-            else:
+            if isinstance(item, bytes):
                 self._unread -= len(item)
-                self._hand_over(item)
+            self._hand_over(item)
         if self._room is not None and self._unread <= MAX_UNREAD // 2:
             _set_if_waiting(self._room)
             self._room = None
 
-    def _hand_over(self, chunk: bytes) -> None:
-        events = self._splitter.feed(chunk)
+    def _hand_over(self, item: bytes | Event) -> None:
+        """What the channel sent, to the consumer: a whole body's one event,
+        or the events a read completes."""
+        events = [item] if isinstance(item, Event) else self._splitter.feed(item)
         if events:
             self._offer(events)
         elif self._splitter.pending_size > MAX_EVENT:
