@@ -47,6 +47,7 @@ class Breaker:
     successes: int = 0
     failures: int = 0
     last_error_kind: str = ""
+    last_error: str = ""
     changed_at: datetime = field(default_factory=timezone.now)
     recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))
     ttfts: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT))
@@ -66,6 +67,7 @@ class HealthSnapshot:
     failures: int
     consecutive_failures: int
     last_error_kind: str
+    last_error: str
     recent_success_pct: int | None
     median_ttft_ms: int | None
     open_until: datetime | None
@@ -130,12 +132,14 @@ class HealthBoard:
             breaker._move("closed")
             breaker.dirty = True
 
-    def failed(self, channel_id: int, kind: str) -> None:
+    def failed(self, channel_id: int, kind: str, detail: str = "") -> None:
+        """``detail`` is the provider's own account of it, for operators."""
         with self._lock:
             breaker = self._breaker(channel_id)
             breaker.failures += 1
             breaker.recent.append(False)
             breaker.last_error_kind = kind
+            breaker.last_error = detail
             breaker.consecutive_failures += 1
             breaker.trial_running = False
             if breaker.state == "half_open" or breaker.consecutive_failures >= settings.HOPBASE_BREAKER_FAILURES:
@@ -164,6 +168,7 @@ def snapshot(channel_id: int, breaker: Breaker, now: float, wall: datetime) -> H
         failures=breaker.failures,
         consecutive_failures=breaker.consecutive_failures,
         last_error_kind=breaker.last_error_kind,
+        last_error=breaker.last_error,
         recent_success_pct=round(100 * sum(recent) / len(recent)) if recent else None,
         median_ttft_ms=int(statistics.median(breaker.ttfts)) if breaker.ttfts else None,
         open_until=wall + timedelta(seconds=breaker.open_until - now) if breaker.state == "open" else None,
@@ -188,6 +193,7 @@ def persist(snapshots: list[HealthSnapshot]) -> None:
                 "failures": snap.failures,
                 "consecutive_failures": snap.consecutive_failures,
                 "last_error_kind": snap.last_error_kind,
+                "last_error": snap.last_error[:300],
                 "recent_success_pct": snap.recent_success_pct,
                 "median_ttft_ms": snap.median_ttft_ms,
                 "open_until": snap.open_until,

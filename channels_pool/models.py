@@ -10,9 +10,10 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from channels_pool.kinds import KINDS, ConfigError
 from core.encryption import EncryptedTextField
 from core.model_names import split_alias
-from core.vocabulary import WireProtocol
+from core.vocabulary import ChannelKindName
 
 BASE_URL_MAX_LENGTH = 500
 SECRET_MAX_LENGTH = 500  # of the plaintext
@@ -55,17 +56,33 @@ class ChannelQuerySet(models.QuerySet):
 
 class Channel(models.Model):
     name = models.CharField(max_length=100, unique=True)
-    protocol = models.CharField(max_length=16, choices=WireProtocol.choices)
+    protocol = models.CharField(
+        "kind", max_length=16, choices=ChannelKindName.choices,
+        help_text="A vendor's own API, or the cloud the capacity is on",
+    )
     base_url = models.CharField(
         max_length=BASE_URL_MAX_LENGTH,
         validators=[validate_base_url],
-        help_text="As the provider's SDK takes it: OpenAI http://host:port/v1; Anthropic and Gemini http://host:port",
+        help_text=(
+            "As the provider's SDK takes it: OpenAI http://host:port/v1; Anthropic and Gemini http://host:port; "
+            "Azure https://NAME.openai.azure.com; Bedrock https://bedrock-runtime.REGION.amazonaws.com; "
+            "Vertex https://LOCATION-aiplatform.googleapis.com"
+        ),
     )
     # Plaintext on the instance, a Fernet token in the database and in dumps.
     secret = EncryptedTextField(
+        blank=True,
         validators=[MaxLengthValidator(SECRET_MAX_LENGTH)],
-        help_text="The provider API key. Write-only; encrypted at rest.",
+        help_text=(
+            "The provider API key; Bedrock: ACCESS_KEY_ID:SECRET[:SESSION_TOKEN], a Bedrock API key, or empty for "
+            "the gateway's own AWS credentials; Vertex: the service-account JSON key. Write-only; encrypted at rest."
+        ),
     )
+    # What a cloud kind needs beside its URL and key (rule C6).
+    region = models.CharField(max_length=40, blank=True, help_text="Bedrock: the AWS region")
+    project = models.CharField(max_length=100, blank=True, help_text="Vertex: the Google Cloud project")
+    location = models.CharField(max_length=40, blank=True, help_text="Vertex: the region, or global")
+    api_version = models.CharField(max_length=40, blank=True, help_text="Azure: the API version (empty: a current GA one)")
     # Entries are names or aliases, public=upstream (core.model_names).
     served_models = models.JSONField(default=list, help_text="Model names this channel serves")
     priority = models.IntegerField(default=0, help_text="Higher is tried first")
@@ -83,7 +100,7 @@ class Channel(models.Model):
     class Meta:
         ordering = ["-priority", "name"]
         constraints = [
-            models.CheckConstraint(condition=Q(protocol__in=WireProtocol.values), name="channel_protocol_known"),
+            models.CheckConstraint(condition=Q(protocol__in=ChannelKindName.values), name="channel_protocol_known"),
             models.CheckConstraint(condition=Q(weight__gt=0), name="channel_weight_positive"),
             models.CheckConstraint(
                 condition=Q(max_concurrency__isnull=True) | Q(max_concurrency__gt=0),
@@ -98,6 +115,22 @@ class Channel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def settings(self) -> dict[str, str]:
+        """The kind's own settings (region, project, location, API version)."""
+        return {"region": self.region, "project": self.project, "location": self.location, "api_version": self.api_version}
+
+    def clean(self) -> None:
+        super().clean()
+        kind = KINDS.get(self.protocol)
+        if kind is None:
+            return  # the field's own choices report it
+        if kind.secret_required and not self.secret:
+            raise ValidationError({"secret": f"a {self.protocol} channel needs a key"})
+        try:
+            kind.check(self.base_url, self.secret, self.settings())
+        except ConfigError as error:
+            raise ValidationError({"secret" if error.field == "api_key" else error.field: error.message}) from None
 
     def model_map(self) -> dict[str, str]:
         """Public model name -> the name this channel is sent."""
@@ -118,6 +151,8 @@ class ChannelHealth(models.Model):
     failures = models.PositiveBigIntegerField(default=0)
     consecutive_failures = models.PositiveIntegerField(default=0)
     last_error_kind = models.CharField(max_length=40, blank=True)
+    # For operators only: the provider's own words (a refused credential, say).
+    last_error = models.CharField(max_length=300, blank=True)
     recent_success_pct = models.PositiveSmallIntegerField(null=True, blank=True)
     median_ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     open_until = models.DateTimeField(null=True, blank=True)

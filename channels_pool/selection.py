@@ -15,6 +15,7 @@ import random
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from channels_pool.kinds import KINDS, ChannelKind
 from channels_pool.models import Channel
 from core.snapshots import Snapshot
 
@@ -23,7 +24,7 @@ from core.snapshots import Snapshot
 class ChannelInfo:
     id: int
     name: str
-    protocol: str
+    protocol: str  # the channel's kind (channels_pool.kinds)
     base_url: str
     secret: str = field(repr=False)  # never in a log line or a debug page
     models: Mapping[str, str] = field(hash=False)  # public name -> the name this channel is sent
@@ -31,9 +32,21 @@ class ChannelInfo:
     weight: int
     max_concurrency: int | None
     cross_protocol: bool = True  # may serve clients of other protocols, translated
+    region: str = ""
+    project: str = ""
+    location: str = ""
+    api_version: str = ""
 
     def upstream_model(self, model: str) -> str:
         return self.models.get(model, model)
+
+    @property
+    def kind(self) -> ChannelKind:
+        return KINDS[self.protocol]
+
+    def grammar(self, model: str) -> str:
+        """The grammar this channel speaks for the public ``model``."""
+        return KINDS[self.protocol].grammar(self.models.get(model, model))
 
 
 def _load() -> list[ChannelInfo]:
@@ -49,17 +62,23 @@ def _load() -> list[ChannelInfo]:
             weight=c.weight,
             max_concurrency=c.max_concurrency,
             cross_protocol=c.cross_protocol,
+            region=c.region,
+            project=c.project,
+            location=c.location,
+            api_version=c.api_version,
         )
         for c in Channel.objects.enabled()
     ]
 
 
-def weighted_order(channels: list[ChannelInfo], rng: random.Random, native: str = "") -> list[ChannelInfo]:
-    """Priority groups in descending order, the ``native`` protocol's first
-    within each, each shuffled by weight (Efraimidis–Spirakis: sort by
-    u ** (1 / weight))."""
+def weighted_order(
+    channels: list[ChannelInfo], rng: random.Random, native: str = "", model: str = ""
+) -> list[ChannelInfo]:
+    """Priority groups in descending order, those speaking the ``native``
+    grammar for ``model`` first within each, each shuffled by weight
+    (Efraimidis–Spirakis: sort by u ** (1 / weight))."""
     return sorted(
-        channels, key=lambda c: (-c.priority, c.protocol != native, -(rng.random() ** (1.0 / c.weight)))
+        channels, key=lambda c: (-c.priority, c.grammar(model) != native, -(rng.random() ** (1.0 / c.weight)))
     )
 
 
@@ -76,12 +95,13 @@ class ChannelDirectory:
     ) -> list[ChannelInfo]:
         channels = [
             c for c in await self.all()
-            if c.protocol in protocols and model in c.models and (c.cross_protocol or c.protocol == native)
+            if model in c.models and (grammar := c.grammar(model)) in protocols
+            and (c.cross_protocol or grammar == native)
         ]
         if pinned_id is not None:
             # Affinity (P9): only the account holding the state can answer.
             return [c for c in channels if c.id == pinned_id]
-        return weighted_order(channels, self._rng, native)
+        return weighted_order(channels, self._rng, native, model)
 
     async def models(self) -> list[str]:
         """Every public model name some channel serves, whatever its protocol."""

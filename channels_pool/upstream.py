@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from dataclasses import replace
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -24,8 +25,9 @@ from typing import Protocol
 import httpx
 
 from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url, timed_out
+from channels_pool.kinds import AuthFailed, BrokenStream, UpstreamRequest
 from core.errors import UpstreamFailure
-from core.sse import Event, EventSplitter
+from core.sse import Event
 
 log = logging.getLogger("hopbase.upstream")
 
@@ -47,6 +49,8 @@ KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 
 # How an HTTP error answer (status, body, retry-after) counts for failover.
 ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
+# What the operator is shown of a failure's cause, at most (never a client).
+MAX_DETAIL = 300
 # Takes an event as it is read; True keeps it (and what follows) for next().
 Consumer = Callable[[Event], bool]
 
@@ -90,9 +94,7 @@ class Attempt:
         self,
         http: httpx.AsyncClient,
         channel: Channel,
-        url: str,
-        headers: dict[str, str],
-        content: bytes,
+        request: UpstreamRequest,
         classify: ClassifyFailure,
         whole_body: bool = False,
     ) -> None:
@@ -113,7 +115,7 @@ class Attempt:
         self._wake: asyncio.Future[None] | None = None
         self._unread = 0
         self._room: asyncio.Future[None] | None = None  # the pump waits for the relay to catch up
-        self._splitter = EventSplitter()
+        self._splitter = request.splitter()
         self._events: deque[Event] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._take: Consumer | None = None
@@ -121,11 +123,16 @@ class Attempt:
         # When the channel last sent bytes, kept once consume() is called
         # (until then the relay sees every read itself).
         self.read_at = loop.time()
-        self._task = loop.create_task(self._pump(http, url, headers, content))
+        self._task = loop.create_task(self._pump(http, request))
 
-    async def _pump(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
+    async def _pump(self, http: httpx.AsyncClient, request: UpstreamRequest) -> None:
         try:
-            await self._read(http, url, headers, content)
+            if request.authorize is not None:
+                await request.authorize(request, http)
+            await self._read(http, request)
+        except AuthFailed as error:
+            # The channel's credentials, not the request: the channel fails over.
+            self._put(UpstreamFailure("auth", detail=str(error)[:MAX_DETAIL]))
         except asyncio.CancelledError:
             pass  # hung up on (``_hang_up``): the response was closed on the way out
         except Exception:
@@ -134,14 +141,14 @@ class Attempt:
             log.exception("upstream read failed on channel %s", self.channel.name)
             self._put(UpstreamFailure("internal", self.status))
 
-    async def _read(self, http: httpx.AsyncClient, url: str, headers: dict[str, str], content: bytes) -> None:
+    async def _read(self, http: httpx.AsyncClient, upstream: UpstreamRequest) -> None:
         put = self._put
         # Built directly, not with build_request (which merges the client's
         # defaults, cookies and URL parts: ~4 % of a request's CPU). The relay
         # splits raw bytes, so the channel must send them uncompressed.
         request = httpx.Request(
-            "POST", parsed_url(url), headers={**headers, "accept-encoding": "identity"}, content=content,
-            extensions={"timeout": http.timeout.as_dict()},
+            "POST", parsed_url(upstream.url), headers={**upstream.headers, "accept-encoding": "identity"},
+            content=upstream.content, extensions={"timeout": http.timeout.as_dict()},
         )
         try:
             response = await open_response(http, request)
@@ -157,7 +164,8 @@ class Attempt:
             }
             if response.status_code != 200:
                 body = await _read_up_to(response, MAX_ERROR_BODY)
-                put(self._classify(response.status_code, body, retry_after_seconds(response.headers)))
+                failure = self._classify(response.status_code, body, retry_after_seconds(response.headers))
+                put(replace(failure, detail=failure.detail or body[:MAX_DETAIL].decode("utf-8", "replace")))
                 return
             put(Signal.OPENED)
             if self._whole_body:
@@ -215,14 +223,26 @@ class Attempt:
     def _hand_over(self, item: bytes | Event) -> None:
         """What the channel sent, to the consumer: a whole body's one event,
         or the events a read completes."""
-        events = [item] if isinstance(item, Event) else self._splitter.feed(item)
-        if events:
-            self._offer(events)
-        elif self._splitter.pending_size > MAX_EVENT:
+        events = [item] if isinstance(item, Event) else self._split(item)
+        if events is None:
             self._take = None
             self._hang_up()
             self._items.appendleft(UpstreamFailure("cut", self.status))
             self.wake()
+        elif events:
+            self._offer(events)
+
+    def _split(self, chunk: bytes) -> list[Event] | None:
+        """The events a read completes; None when the stream cannot be read
+        on: an event past MAX_EVENT, or framing that is broken."""
+        try:
+            events = self._splitter.feed(chunk)
+        except BrokenStream as error:
+            log.warning("channel %s: %s", self.channel.name, error)
+            return None
+        if not events and self._splitter.pending_size > MAX_EVENT:
+            return None
+        return events
 
     def _offer(self, events: list[Event]) -> bool:
         """Hand ``events`` to the consumer; the one it keeps and those after
@@ -268,18 +288,21 @@ class Attempt:
             if self._room is not None and self._unread <= MAX_UNREAD // 2:
                 _set_if_waiting(self._room)
                 self._room = None
-            events = self._splitter.feed(item)
+            events = self._split(item)
+            if events is None:
+                self._hang_up()
+                self._items.clear()
+                return UpstreamFailure("cut", self.status)
             if not events:
-                if self._splitter.pending_size > MAX_EVENT:
-                    self._hang_up()
-                    self._items.clear()
-                    return UpstreamFailure("cut", self.status)
                 return Signal.PROGRESS
             self._events.extend(events)
             return self._events.popleft()
         if item is Signal.END:
             # A last event the channel never terminated with a blank line.
-            rest = self._splitter.finish()
+            try:
+                rest = self._splitter.finish()
+            except BrokenStream:
+                return UpstreamFailure("cut", self.status)  # it ended inside a frame
             if rest:
                 self._items.appendleft(Signal.END)
                 if self._take is None:

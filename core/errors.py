@@ -12,7 +12,7 @@ Messages are HopBase's own and never carry a provider's text.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROVIDER_ERROR_MESSAGE = "The model provider returned an error. Please retry."
 
@@ -58,6 +58,7 @@ MESSAGES = {
 STALLED_MESSAGE = "Upstream stopped responding mid-stream"
 INTERRUPTED_MESSAGE = "Response stream interrupted, please retry"
 UPSTREAM_REJECTED_MESSAGE = "The model provider rejected the request as invalid."
+CONTENT_FILTERED_MESSAGE = "The model provider's content filter refused the request."
 RETRY_AFTER_CAP = 60
 # Errors a retry cannot mend: clients are told so (``x-should-retry: false``).
 FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE}
@@ -103,6 +104,8 @@ class UpstreamFailure:
     # The provider said it does not know the state the request names (a
     # Gemini cache it refuses with 403): the request's fault.
     about_state: bool = False
+    # Why, in the provider's words, for operators only (channel health).
+    detail: str = field(default="", compare=False)
 
 
 def failure_from_status(status: int, api_key_invalid: bool = False, retry_after: int | None = None) -> UpstreamFailure:

@@ -34,6 +34,15 @@ class Event:
         self._data: bytes | None = None
         self._json: object = _UNSET
 
+    @classmethod
+    def named(cls, name: str, data: bytes, parsed: object = _UNSET) -> Event:
+        """An event of our own making from a frame that is not SSE (a cloud's
+        binary event stream), as a channel's SSE would carry it; ``parsed``
+        is its data's JSON where the maker has it already."""
+        event = cls(b"event: " + name.encode() + b"\ndata: " + data + b"\n\n")
+        event._name, event._data, event._json = name, data, parsed
+        return event
+
     def _parse(self) -> bytes:
         raw = self.raw
         if raw.startswith(b"data: ") and raw.find(b"\n") == len(raw) - 2 and raw[-1] == 0x0A and b"\r" not in raw:

@@ -2,7 +2,9 @@
 
 ``ApiName``      the API a client called (the export's ``protocol`` column,
                  the metrics' ``protocol`` label)
-``WireProtocol`` the protocol a channel (a provider account) speaks
+``WireProtocol`` the grammar a channel (a provider account) speaks for a model
+``ChannelKindName`` where a channel is and how it is reached: a vendor's own
+                 API or a cloud (a channel's ``protocol`` field)
 ``RequestStatus`` how a request ended (the request log's ``status``)
 """
 
@@ -22,6 +24,16 @@ class WireProtocol(models.TextChoices):
     OPENAI = "openai", "OpenAI (Chat Completions and Responses)"
     ANTHROPIC = "anthropic", "Anthropic Messages"
     GEMINI = "gemini", "Gemini"
+    CONVERSE = "converse", "Amazon Bedrock Converse"
+
+
+class ChannelKindName(models.TextChoices):
+    OPENAI = "openai", "OpenAI"
+    ANTHROPIC = "anthropic", "Anthropic"
+    GEMINI = "gemini", "Gemini (Google AI Studio)"
+    AZURE = "azure", "Azure OpenAI"
+    BEDROCK = "bedrock", "Amazon Bedrock"
+    VERTEX = "vertex", "Google Vertex AI"
 
 
 class RequestStatus(models.TextChoices):

@@ -33,7 +33,7 @@ from channels_pool.affinity import Affinity, ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
-from core.errors import UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
+from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.drain import Drain
@@ -218,17 +218,19 @@ class Relay:
             if not outcome.channel_fault:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)
-            self.board.failed(channel.id, outcome.kind)
+            self.board.failed(channel.id, outcome.kind, outcome.detail)
         run.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
 
     def _start_attempt(self, run: Run, channel: ChannelInfo, leg: Leg, held: Releases) -> Attempt:
-        request = leg.api.upstream_request(channel, leg.facts, run.headers)
+        kind, grammar = channel.kind, leg.api.upstream_failure
+        request = kind.request(channel, leg.api.upstream_call(leg.facts, run.headers))
         self.board.started(channel.id)
         held.callback(self.board.ended, channel.id)
         attempt = Attempt(
-            self.http, channel, request.url, request.headers, request.content,
-            leg.api.upstream_failure, whole_body=not leg.api.upstream_streams,
+            self.http, channel, request,
+            lambda status, body, retry_after: kind.failure(channel, status, body, retry_after, grammar),
+            whole_body=not leg.api.upstream_streams,
         )
         held.callback(attempt.end)
         self.drain.watch(attempt)
@@ -310,6 +312,8 @@ class Relay:
 
     @staticmethod
     def _request_fault(failure: UpstreamFailure) -> tuple[ErrorKind, str]:
+        if failure.kind == "content_filter":
+            return ErrorKind.MALFORMED, CONTENT_FILTERED_MESSAGE
         if failure.status == 413:
             return ErrorKind.TOO_LARGE, "The request is too large for the model provider."
         return ErrorKind.MALFORMED, UPSTREAM_REJECTED_MESSAGE

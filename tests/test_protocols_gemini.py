@@ -192,6 +192,6 @@ def test_a_model_name_is_escaped_whole_into_the_upstream_url(model, path):
                           models={}, priority=0, weight=1, max_concurrency=None)
     route = {"version": "v1beta", "model": model, "action": "streamGenerateContent"}
     facts = GEMINI.parse({"contents": []}, b'{"contents": []}', route)
-    url = httpx.URL(GEMINI.upstream_request(channel, facts, {}).url)
+    url = httpx.URL(channel.kind.request(channel, GEMINI.upstream_call(facts, {})).url)
     assert (url.host, url.raw_path.decode()) == ("gemini.test", "/prefix" + path + "?alt=sse")
     assert url.fragment == "" and url.params == httpx.QueryParams({"alt": "sse"})

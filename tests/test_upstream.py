@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from channels_pool import upstream as upstream_module
+from channels_pool.kinds import UpstreamRequest
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
@@ -19,7 +20,7 @@ from tests.relay_fakes import Hang, Upstream
 def attempt_on(upstream: Upstream, name: str) -> Attempt:
     channel = upstream[name].info
     http = httpx.AsyncClient(transport=httpx.MockTransport(upstream.handle))
-    return Attempt(http, channel, f"{channel.base_url}/chat/completions", {}, b"{}",
+    return Attempt(http, channel, UpstreamRequest(f"{channel.base_url}/chat/completions", {}, b"{}"),
                    lambda status, body, retry: failure_from_status(status, retry_after=retry))
 
 

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from channels_pool.http_client import UpstreamResponseHandler, new_client
+from channels_pool.kinds import UpstreamRequest
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
@@ -89,7 +90,7 @@ async def one_event_then_silence(reader, writer) -> bool:
 
 def start(http, url: str) -> Attempt:
     channel = type("Channel", (), {"id": 1, "name": "local"})()
-    return Attempt(http, channel, url + "/chat/completions", {}, b"{}",
+    return Attempt(http, channel, UpstreamRequest(url + "/chat/completions", {}, b"{}"),
                    lambda status, body, retry: failure_from_status(status, retry_after=retry))
 
 
@@ -266,8 +267,8 @@ def test_the_url_reaches_the_channel_as_written():
         server = Server(whole_stream)
         url = await server.start()
         http = new_client()
-        attempt = Attempt(http, type("Channel", (), {"id": 1, "name": "local"})(), url.removesuffix("/v1") + path,
-                          {}, b"{}", lambda status, body, retry: failure_from_status(status, retry_after=retry))
+        attempt = Attempt(http, type("Channel", (), {"id": 1, "name": "local"})(),
+                          UpstreamRequest(url.removesuffix("/v1") + path, {}, b"{}"), lambda status, body, retry: failure_from_status(status, retry_after=retry))
         await read_all(attempt)
         await http.aclose()
         return server.targets

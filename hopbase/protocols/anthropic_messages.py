@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.vocabulary import ApiName, WireProtocol
@@ -13,7 +14,6 @@ from hopbase.protocols.base import (
     Mark,
     RequestFacts,
     StreamWatcher,
-    UpstreamRequest,
     dumps,
     forwarded_headers,
     prompt_text_chars,
@@ -40,7 +40,6 @@ CONTENT_BLOCK_STARTS = {"tool_use", "server_tool_use", "redacted_thinking"}
 # Events that are preamble whatever their data says (the event line names
 # them, and it decides): not worth parsing.
 PLAIN_EVENTS = {"ping", "content_block_stop"}
-DEFAULT_VERSION = "2023-06-01"
 
 
 def anthropic_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
@@ -154,6 +153,7 @@ class MessagesWatcher(StreamWatcher):
 class Messages(Api):
     name = ApiName.MESSAGES
     wire = WireProtocol.ANTHROPIC
+    operation = Operation.MESSAGES
     watcher = MessagesWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
@@ -170,14 +170,9 @@ class Messages(Api):
             prompt_chars=prompt_text_chars(messages) + prompt_text_chars(body.get("system")),
         )
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
-        headers = forwarded_headers(client_headers)
-        headers.setdefault("anthropic-version", DEFAULT_VERSION)
-        headers["x-api-key"] = channel.secret
-        headers["content-type"] = "application/json"
-        headers["accept"] = "text/event-stream"
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
         content = facts.raw_body if facts.body.get("stream") is True else dumps({**facts.body, "stream": True})
-        return UpstreamRequest(url=channel.base_url.rstrip("/") + "/v1/messages", headers=headers, content=content)
+        return Call(self.operation, facts.model, facts.body, content, forwarded_headers(client_headers))
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         status, body = anthropic_error(error.kind, error.message)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
 from core.usage import Usage, estimate_tokens
@@ -49,13 +50,6 @@ class RequestFacts:
     @property
     def prompt_tokens_estimate(self) -> int:
         return estimate_tokens(self.prompt_chars)
-
-
-@dataclass
-class UpstreamRequest:
-    url: str
-    headers: dict[str, str]
-    content: bytes
 
 
 # Client headers a provider's SDK relies on; everything else stays here.
@@ -131,6 +125,7 @@ class StreamWatcher:
 class Api:
     name: ClassVar[ApiName]  # the API a client called
     wire: ClassVar[WireProtocol]  # the protocol of the channels that serve it
+    operation: ClassVar[Operation]  # what it asks of a channel (channels_pool.kinds)
     keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
     watcher: ClassVar[type[StreamWatcher]]
     # False: the channel answers with one JSON body, not an event stream.
@@ -158,7 +153,9 @@ class Api:
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         raise NotImplementedError
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
+        """What this request asks of a channel that speaks this API's grammar
+        (its kind then addresses it: channels_pool.kinds)."""
         raise NotImplementedError
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:

@@ -8,8 +8,8 @@ JSON-array stream form (no ``alt=sse``) get the same chunks framed as an array.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
+from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
 from core.vocabulary import ApiName, WireProtocol
@@ -18,7 +18,6 @@ from hopbase.protocols.base import (
     Mark,
     RequestFacts,
     StreamWatcher,
-    UpstreamRequest,
     dumps,
     prompt_text_chars,
 )
@@ -159,6 +158,7 @@ class GeminiWatcher(StreamWatcher):
 class Gemini(Api):
     name = ApiName.GEMINI
     wire = WireProtocol.GEMINI
+    operation = Operation.GENERATE
     keepalive = b"\n"
     watcher = GeminiWatcher
     state_field = "cachedContent"
@@ -184,21 +184,10 @@ class Gemini(Api):
             route=route,
         )
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
-        version = facts.route["version"]
-        # The model name is the client's text: escaped whole, so that no `?`,
-        # `#`, `/` or `..` in it can change the URL (query, fragment, path).
-        model = quote(facts.model, safe="")
-        url = f"{channel.base_url.rstrip('/')}/{version}/models/{model}:streamGenerateContent?alt=sse"
-        headers = {
-            "x-goog-api-key": channel.secret,
-            "content-type": "application/json",
-            "accept": "text/event-stream",
-        }
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
         agent = client_headers.get("user-agent")
-        if agent and agent.isascii():
-            headers["user-agent"] = agent
-        return UpstreamRequest(url=url, headers=headers, content=facts.raw_body)
+        headers = {"user-agent": agent} if agent and agent.isascii() else {}
+        return Call(self.operation, facts.model, facts.body, facts.raw_body, headers, facts.route)
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
         if status == 403 and CACHE_UNKNOWN in body:

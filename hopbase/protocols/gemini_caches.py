@@ -17,7 +17,8 @@ import orjson
 
 from core.sse import Event
 from core.usage import Usage
-from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, UpstreamRequest, dumps, prompt_text_chars
+from channels_pool.kinds import Call, Operation
+from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, dumps, prompt_text_chars
 from hopbase.protocols.gemini import Gemini, snake_or_camel
 
 
@@ -46,6 +47,7 @@ class CacheWatcher(StreamWatcher):
 
 class GeminiCaches(Gemini):
     watcher = CacheWatcher
+    operation = Operation.CACHE
     upstream_streams = False
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
@@ -67,12 +69,8 @@ class GeminiCaches(Gemini):
         body = {**facts.body, "model": f"models/{model}"}
         return replace(facts, model=model, body=body, raw_body=dumps(body))
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
-        return UpstreamRequest(
-            url=f"{channel.base_url.rstrip('/')}/{facts.route['version']}/cachedContents",
-            headers={"x-goog-api-key": channel.secret, "content-type": "application/json"},
-            content=facts.raw_body,
-        )
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
+        return Call(self.operation, facts.model, facts.body, facts.raw_body, route=facts.route)
 
     def slow_start_applies(self, model: str, facts: RequestFacts) -> bool:
         return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.vocabulary import ApiName, WireProtocol
@@ -12,7 +13,6 @@ from hopbase.protocols.base import (
     Mark,
     RequestFacts,
     StreamWatcher,
-    UpstreamRequest,
     dumps,
     forwarded_headers,
     prompt_text_chars,
@@ -53,14 +53,6 @@ def openai_error_is_busy(error: Any) -> bool:
     if not isinstance(error, dict):
         return False
     return bool({error.get("code"), error.get("type")} & BUSY_CODES)
-
-
-def bearer_headers(secret: str, client_headers: dict[str, str]) -> dict[str, str]:
-    headers = forwarded_headers(client_headers)
-    headers["authorization"] = f"Bearer {secret}"
-    headers["content-type"] = "application/json"
-    headers["accept"] = "text/event-stream"
-    return headers
 
 
 class ChatWatcher(StreamWatcher):
@@ -211,16 +203,11 @@ class OpenAIApi(Api):
     def models_body(self, models: list[str]) -> bytes:
         return dumps({"object": "list", "data": [self.model_entry(m) for m in models]})
 
-    def upstream_call(self, channel: Any, path: str, content: bytes, client_headers: dict[str, str]) -> UpstreamRequest:
-        return UpstreamRequest(
-            url=channel.base_url.rstrip("/") + path,
-            headers=bearer_headers(channel.secret, client_headers),
-            content=content,
-        )
 
 
 class ChatCompletions(OpenAIApi):
     name = ApiName.CHAT
+    operation = Operation.CHAT
     watcher = ChatWatcher
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
@@ -236,7 +223,7 @@ class ChatCompletions(OpenAIApi):
             prompt_chars=prompt_text_chars(messages),
         )
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
         body = facts.body
         options = body.get("stream_options")
         # The channel always streams (F4) and always reports usage (S2); the
@@ -248,4 +235,4 @@ class ChatCompletions(OpenAIApi):
             upstream["stream"] = True
             upstream["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
             content = dumps(upstream)
-        return self.upstream_call(channel, "/chat/completions", content, client_headers)
+        return Call(self.operation, facts.model, body, content, forwarded_headers(client_headers))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind
 from core.sse import Event
 from core.vocabulary import ApiName
@@ -11,8 +12,8 @@ from hopbase.protocols.base import (
     Mark,
     RequestFacts,
     StreamWatcher,
-    UpstreamRequest,
     dumps,
+    forwarded_headers,
     prompt_text_chars,
 )
 from hopbase.protocols.openai_chat import OpenAIApi, openai_error, openai_error_is_busy
@@ -109,6 +110,7 @@ class ResponsesWatcher(StreamWatcher):
 
 class Responses(OpenAIApi):
     name = ApiName.RESPONSES
+    operation = Operation.RESPONSES
     watcher = ResponsesWatcher
     state_field = "previous_response_id"
 
@@ -127,9 +129,9 @@ class Responses(OpenAIApi):
             affinity_key=previous if isinstance(previous, str) and previous else None,
         )
 
-    def upstream_request(self, channel: Any, facts: RequestFacts, client_headers: dict[str, str]) -> UpstreamRequest:
+    def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
         if facts.body.get("stream") is True:
             content = facts.raw_body
         else:
             content = dumps({**facts.body, "stream": True})
-        return self.upstream_call(channel, "/responses", content, client_headers)
+        return Call(self.operation, facts.model, facts.body, content, forwarded_headers(client_headers))

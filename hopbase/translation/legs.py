@@ -93,10 +93,13 @@ class Legs:
         """The leg to ``channel``; raises ``CannotServe`` when its protocol
         cannot express the request."""
         model = channel.upstream_model(self.facts.model)
-        if channel.protocol == self.api.wire:
+        grammar = channel.kind.grammar(model)
+        if grammar == self.api.wire:
+            if not channel.kind.serves(self.api.operation):
+                raise CannotServe("model", f"A {channel.protocol} channel cannot take this request.")
             facts = self.api.with_model(self._passed_through(), model)
             return Leg(self.api, facts, lambda: self.api.new_watcher(facts))
-        side = CHANNEL_SIDES[channel.protocol]
+        side = CHANNEL_SIDES[grammar]
         try:
             facts = side.encode(self._conversation(), model)
         except GatewayError as error:

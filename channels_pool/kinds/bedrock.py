@@ -1,0 +1,162 @@
+"""Amazon Bedrock Runtime (``bedrock``, rule C3).
+
+Anthropic models (an id containing ``anthropic.``, inference profiles such
+as ``us.anthropic.…`` included) take the Messages body at
+``invoke-with-response-stream``, with Bedrock's ``anthropic_version`` and
+without ``model`` and ``stream``; their events come back inside AWS's event
+stream and are handed on as Anthropic's own (``eventstream``). Every other
+model speaks Converse at ``converse-stream``.
+
+Credentials, from the channel's secret:
+- ``ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]``: every request is
+  signed with SigV4 (botocore's signer, service ``bedrock``, the channel's
+  region);
+- anything else is a Bedrock API key, sent as ``Authorization: Bearer``;
+- none: the gateway process's own AWS credential chain (environment, shared
+  config, container or instance role), resolved and refreshed by botocore in
+  a thread, so a metadata lookup never holds the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials, ReadOnlyCredentials
+from botocore.session import Session
+
+from channels_pool.kinds.base import (
+    AuthFailed,
+    Call,
+    ChannelConfig,
+    ChannelKind,
+    ClassifyFailure,
+    ConfigError,
+    Operation,
+    UpstreamRequest,
+    base,
+)
+from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
+from channels_pool.kinds.refresh import Refreshed
+from channels_pool.kinds.vendors import unsupported
+from core.errors import UpstreamFailure, failure_from_status
+from core.vocabulary import ChannelKindName, WireProtocol
+
+ANTHROPIC_VERSION = "bedrock-2023-05-31"
+SERVICE = "bedrock"
+EVENT_STREAM = "application/vnd.amazon.eventstream"
+# How long the process chain's credentials are used before botocore is asked
+# again (it refreshes them itself well before they expire).
+CHAIN_RECHECK_SECONDS = 60.0
+# Bedrock's error types that mean "busy" rather than "broken" (C5).
+BUSY_ERRORS = (b"ThrottlingException", b"ServiceUnavailableException", b"ModelNotReadyException")
+
+
+def is_anthropic(model: str) -> bool:
+    return "anthropic." in model
+
+
+def key_pair(secret: str) -> ReadOnlyCredentials | None:
+    """The static key pair a secret holds, or None for a Bedrock API key."""
+    if ":" not in secret:
+        return None
+    access, secret_key, token = (secret.split(":", 2) + [""])[:3]
+    return ReadOnlyCredentials(access, secret_key, token or None)
+
+
+def sign(request: UpstreamRequest, credentials: ReadOnlyCredentials, region: str) -> None:
+    aws = AWSRequest(method="POST", url=request.url, data=request.content, headers=request.headers)
+    SigV4Auth(Credentials(*credentials), SERVICE, region).add_auth(aws)
+    request.headers = dict(aws.headers.items())
+
+
+class ProcessChain:
+    """The gateway process's own AWS credentials, shared by every channel
+    that has no key of its own."""
+
+    def __init__(self) -> None:
+        self._credentials: Any = None
+        self.frozen = Refreshed(self._fetch)
+
+    async def _fetch(self) -> tuple[ReadOnlyCredentials, float]:
+        frozen = await asyncio.to_thread(self._resolve)
+        return frozen, time.monotonic() + CHAIN_RECHECK_SECONDS
+
+    def _resolve(self) -> ReadOnlyCredentials:
+        if self._credentials is None:
+            self._credentials = Session().get_credentials()
+        if self._credentials is None:
+            raise AuthFailed("no AWS credentials: the channel has no key and the process's credential chain found none")
+        return self._credentials.get_frozen_credentials()
+
+
+class BedrockKind(ChannelKind):
+    name = ChannelKindName.BEDROCK
+    settings = ("region",)
+    secret_required = False
+
+    def __init__(self) -> None:
+        self.chain = ProcessChain()
+
+    def grammar(self, model: str) -> WireProtocol:
+        return WireProtocol.ANTHROPIC if is_anthropic(model) else WireProtocol.CONVERSE
+
+    def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
+        model = quote(call.model, safe="")
+        if call.operation is Operation.MESSAGES:
+            url = f"{base(channel)}/model/{model}/invoke-with-response-stream"
+            content = orjson.dumps(self._messages_body(call))
+            splitter = AnthropicFrames
+        elif call.operation is Operation.CONVERSE:
+            url, content, splitter = f"{base(channel)}/model/{model}/converse-stream", call.content, ConverseFrames
+        else:
+            raise unsupported(self, call)
+        headers = {"content-type": "application/json", "accept": EVENT_STREAM}
+        request = UpstreamRequest(url, headers, content, splitter=splitter)
+        secret = channel.secret
+        if not secret:
+            region = channel.region
+
+            async def authorize(request: UpstreamRequest, http: httpx.AsyncClient) -> None:
+                sign(request, await self.chain.frozen.get(), region)
+
+            request.authorize = authorize
+        elif (pair := key_pair(secret)) is not None:
+            sign(request, pair, channel.region)
+        else:
+            headers["authorization"] = f"Bearer {secret}"
+        return request
+
+    @staticmethod
+    def _messages_body(call: Call) -> dict[str, Any]:
+        body = {k: v for k, v in call.body.items() if k not in ("model", "stream")}
+        body["anthropic_version"] = ANTHROPIC_VERSION
+        # Bedrock takes Anthropic's beta flags in the body, not as a header.
+        beta = call.headers.get("anthropic-beta")
+        if beta:
+            body["anthropic_beta"] = [flag.strip() for flag in beta.split(",") if flag.strip()]
+        return body
+
+    def failure(
+        self, channel: ChannelConfig, status: int, body: bytes, retry_after: int | None, grammar: ClassifyFailure
+    ) -> UpstreamFailure:
+        if status in (400, 424, 429) and any(name in body for name in BUSY_ERRORS):
+            return UpstreamFailure(f"http_{status}", status, busy=True, retry_after=retry_after)
+        return failure_from_status(status, retry_after=retry_after)
+
+    def check(self, base_url: str, secret: str, settings: Mapping[str, str]) -> None:
+        region = settings.get("region", "")
+        if not region:
+            raise ConfigError("region", "a bedrock channel needs --region (the AWS region, e.g. us-east-1)")
+        if not all(ch.isalnum() or ch == "-" for ch in region):
+            raise ConfigError("region", f"{region!r} is not an AWS region such as us-east-1")
+        pair = key_pair(secret) if secret else None
+        if pair is not None and not (pair.access_key and pair.secret_key):
+            raise ConfigError("api_key", "a bedrock key pair is ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]")

@@ -1,0 +1,78 @@
+"""The vendors' own APIs as channel kinds: ``openai``, ``anthropic``, ``gemini``.
+
+Each speaks one grammar at its public endpoint, with its key in a header;
+the client's own bytes go as they are when the grammars match (P6).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+from urllib.parse import quote
+
+from channels_pool.kinds.base import Call, ChannelConfig, ChannelKind, ConfigError, Operation, UpstreamRequest, base
+from core.vocabulary import ChannelKindName, WireProtocol
+
+# The Messages API version HopBase speaks when a client names none.
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def stream_headers(call: Call) -> dict[str, str]:
+    return {**call.headers, "content-type": "application/json", "accept": "text/event-stream"}
+
+
+def unsupported(kind: ChannelKind, call: Call) -> ConfigError:
+    # Legs only pair a call with a channel of its grammar: reaching here is a bug.
+    return ConfigError("protocol", f"a {kind.name} channel cannot take a {call.operation} request")
+
+
+class OpenAIKind(ChannelKind):
+    name = ChannelKindName.OPENAI
+    PATHS: ClassVar[dict[Operation, str]] = {Operation.CHAT: "/chat/completions", Operation.RESPONSES: "/responses"}
+
+    def grammar(self, model: str) -> WireProtocol:
+        return WireProtocol.OPENAI
+
+    def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
+        path = self.PATHS.get(call.operation)
+        if path is None:
+            raise unsupported(self, call)
+        headers = stream_headers(call)
+        headers["authorization"] = f"Bearer {channel.secret}"
+        return UpstreamRequest(base(channel) + path, headers, call.content)
+
+
+class AnthropicKind(ChannelKind):
+    name = ChannelKindName.ANTHROPIC
+
+    def grammar(self, model: str) -> WireProtocol:
+        return WireProtocol.ANTHROPIC
+
+    def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
+        if call.operation is not Operation.MESSAGES:
+            raise unsupported(self, call)
+        headers = stream_headers(call)
+        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        headers["x-api-key"] = channel.secret
+        return UpstreamRequest(base(channel) + "/v1/messages", headers, call.content)
+
+
+class GeminiKind(ChannelKind):
+    name = ChannelKindName.GEMINI
+
+    def grammar(self, model: str) -> WireProtocol:
+        return WireProtocol.GEMINI
+
+    def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
+        version = call.route["version"]
+        if call.operation is Operation.GENERATE:
+            # The model name is the client's text: escaped whole, so that no
+            # `?`, `#`, `/` or `..` in it can change the URL.
+            url = f"{base(channel)}/{version}/models/{quote(call.model, safe='')}:streamGenerateContent?alt=sse"
+            headers = stream_headers(call)
+        elif call.operation is Operation.CACHE:
+            url = f"{base(channel)}/{version}/cachedContents"
+            headers = {**call.headers, "content-type": "application/json"}
+        else:
+            raise unsupported(self, call)
+        headers["x-goog-api-key"] = channel.secret
+        return UpstreamRequest(url, headers, call.content)
