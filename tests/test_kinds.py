@@ -1,0 +1,136 @@
+"""Channel kinds (channels_pool.kinds): how a request reaches each kind of
+channel, and how a cloud's answer becomes the events the relay handles."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import struct
+
+import orjson
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from channels_pool.kinds import KINDS, BrokenStream, Call, ConfigError, Operation
+from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
+from channels_pool.kinds.refresh import Refreshed
+from channels_pool.selection import ChannelInfo
+
+
+def channel(kind: str, secret: str = "k", **settings: str) -> ChannelInfo:
+    return ChannelInfo(id=1, name=kind, protocol=kind, base_url="http://cloud.test", secret=secret, models={},
+                       priority=0, weight=1, max_concurrency=None, **settings)
+
+
+def frame(headers: dict[str, str], payload: bytes, corrupt: bool = False) -> bytes:
+    """One AWS event-stream message (string headers only)."""
+    raw = b"".join(
+        bytes([len(name)]) + name.encode() + b"\x07" + struct.pack(">H", len(value)) + value.encode()
+        for name, value in headers.items()
+    )
+    total = 12 + len(raw) + len(payload) + 4
+    prelude = struct.pack(">II", total, len(raw))
+    prelude += struct.pack(">I", binascii.crc32(prelude))
+    body = prelude + raw + payload
+    crc = binascii.crc32(body) ^ (1 if corrupt else 0)
+    return body + struct.pack(">I", crc)
+
+
+def chunk(event: dict) -> bytes:
+    payload = orjson.dumps({"bytes": base64.b64encode(orjson.dumps(event)).decode()})
+    return frame({":event-type": "chunk", ":message-type": "event", ":content-type": "application/json"}, payload)
+
+
+def test_a_bedrock_chunk_becomes_anthropics_own_event_even_split_across_reads():
+    data = chunk({"type": "message_start", "message": {"usage": {"input_tokens": 3}}}) + chunk(
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}}
+    )
+    splitter = AnthropicFrames()
+    events = [e for i in range(0, len(data), 7) for e in splitter.feed(data[i:i + 7])]
+    assert [e.name for e in events] == ["message_start", "content_block_delta"]
+    assert events[1].raw.startswith(b"event: content_block_delta\ndata: {")
+    assert events[1].json["delta"]["text"] == "Hi"
+    assert splitter.finish() == [] and splitter.pending_size == 0
+
+
+def test_an_exception_frame_is_anthropics_error_event_busy_when_aws_throttles():
+    exception = frame({":message-type": "exception", ":exception-type": "throttlingException"}, b'{"message":"slow"}')
+    (event,) = AnthropicFrames().feed(exception)
+    assert event.name == "error" and event.json["error"]["type"] == "overloaded_error"
+    (converse,) = ConverseFrames().feed(exception)
+    assert converse.json == {"exceptionType": "throttlingException", "message": "slow"}
+
+
+def test_a_frame_with_a_bad_checksum_or_a_stream_ending_inside_a_frame_is_a_broken_stream():
+    with pytest.raises(BrokenStream):
+        ConverseFrames().feed(frame({":message-type": "event", ":event-type": "messageStart"}, b"{}", corrupt=True))
+    splitter = ConverseFrames()
+    assert splitter.feed(frame({":message-type": "event", ":event-type": "metadata"}, b"{}")[:-3]) == []
+    with pytest.raises(BrokenStream):
+        splitter.finish()
+
+
+def test_bedrock_signs_with_sigv4_and_sends_anthropic_models_the_bedrock_envelope():
+    bedrock = channel("bedrock", secret="AKIDEXAMPLE:secret", region="us-east-1")
+    body = {"model": "anthropic.claude-x-v1:0", "stream": True, "max_tokens": 5, "messages": []}
+    call = Call(Operation.MESSAGES, "anthropic.claude-x-v1:0", body, b"", {"anthropic-beta": "a, b"})
+    request = bedrock.kind.request(bedrock, call)
+    assert request.url == "http://cloud.test/model/anthropic.claude-x-v1%3A0/invoke-with-response-stream"
+    sent = orjson.loads(request.content)
+    assert sent["anthropic_version"] == "bedrock-2023-05-31" and "model" not in sent and "stream" not in sent
+    assert sent["anthropic_beta"] == ["a", "b"]
+    # botocore's own signer, given the same request and date, signs it alike.
+    again = AWSRequest(method="POST", url=request.url, data=request.content,
+                       headers={k: v for k, v in request.headers.items() if k.lower() != "authorization"})
+    again.context["timestamp"] = request.headers["X-Amz-Date"]
+    auth = SigV4Auth(Credentials("AKIDEXAMPLE", "secret"), "bedrock", "us-east-1")
+    signature = auth.signature(auth.string_to_sign(again, auth.canonical_request(again)), again)
+    assert request.headers["Authorization"].endswith(f"Signature={signature}")
+
+
+def test_a_bedrock_api_key_is_a_bearer_and_other_models_speak_converse():
+    bedrock = channel("bedrock", secret="ABSKexample", region="us-west-2")
+    assert bedrock.kind.grammar("us.anthropic.claude-x") == "anthropic"
+    assert bedrock.kind.grammar("amazon.nova-pro-v1:0") == "converse"
+    request = bedrock.kind.request(bedrock, Call(Operation.CONVERSE, "amazon.nova-pro-v1:0", {}, b"{}"))
+    assert request.headers["authorization"] == "Bearer ABSKexample"
+    assert request.url.endswith("/model/amazon.nova-pro-v1%3A0/converse-stream")
+
+
+def test_azure_addresses_the_deployment_with_its_api_version_and_api_key():
+    azure = channel("azure", secret="az", api_version="2024-10-21")
+    request = azure.kind.request(azure, Call(Operation.CHAT, "my-gpt", {}, b"{}"))
+    assert request.url == "http://cloud.test/openai/deployments/my-gpt/chat/completions?api-version=2024-10-21"
+    assert request.headers["api-key"] == "az"
+    refusal = azure.kind.failure(azure, 400, b'{"error":{"code":"content_filter"}}', None, lambda *a: None)
+    assert refusal.kind == "content_filter" and not refusal.channel_fault
+
+
+def test_a_kinds_missing_setting_is_named():
+    with pytest.raises(ConfigError) as bedrock:
+        KINDS["bedrock"].check("http://x", "", {})
+    assert bedrock.value.field == "region"
+    with pytest.raises(ConfigError) as vertex:
+        KINDS["vertex"].check("http://x", "{}", {"project": "p", "location": "us-east5"})
+    assert vertex.value.field == "api_key" and "client_email" in vertex.value.message
+
+
+def test_a_stale_credential_is_refreshed_once_however_many_wait():
+    async def scenario() -> tuple[list[str], int]:
+        release = asyncio.Event()
+
+        async def fetch() -> tuple[str, float]:
+            await release.wait()
+            return "token", float("inf")
+
+        kept = Refreshed(fetch)
+        waiting = [asyncio.ensure_future(kept.get()) for _ in range(20)]
+        await asyncio.sleep(0)
+        release.set()
+        return await asyncio.gather(*waiting), kept.refreshes
+
+    tokens, refreshes = asyncio.run(scenario())
+    assert tokens == ["token"] * 20 and refreshes == 1
