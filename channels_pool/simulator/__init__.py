@@ -9,7 +9,9 @@ OpenAI, Anthropic and Google.
 It sits at the far end of request -> auth -> channel choice -> *relay* ->
 metering: the relay sends it real provider requests and gets back the exact
 bytes OpenAI Chat, OpenAI Responses, Anthropic and Gemini would send, streaming
-or not. Misbehaviour is ordered per request with directives (status codes,
+or not, and those of the clouds that resell them: Azure OpenAI, Amazon
+Bedrock (SigV4-checked, AWS event streams) and Google Vertex AI (with its
+own OAuth2 token endpoint). Misbehaviour is ordered per request with directives (status codes,
 in-stream errors, stalls, cut connections, odd chunking, pacing), and every
 request is recorded with the bytes it was answered with, so a test can check
 what the gateway relayed against what the upstream really sent.
@@ -23,9 +25,20 @@ Its parts:
 - ``requests``: the ``[sim k=v]`` directives a request carries (the full
   list of keys is there) and its prompt words;
 - ``records``: what is remembered of each request;
-- ``wire``: the exact bytes of each protocol's events and bodies.
+- ``wire``: the exact bytes of each protocol's events and bodies;
+- ``clouds``: the clouds' routes, and ``cloud_auth`` how their credentials
+  are checked (the key pair, API key and service-account key it accepts);
+- ``eventstream``: AWS's binary event-stream encoder; ``embeddings``: the
+  clouds' embedding answers.
 """
 
+from channels_pool.simulator.cloud_auth import (
+    SIM_AWS_ACCESS_KEY_ID,
+    SIM_AWS_SECRET_ACCESS_KEY,
+    SIM_BEDROCK_API_KEY,
+    vertex_service_account,
+)
 from channels_pool.simulator.server import Simulator, run
 
-__all__ = ["Simulator", "run"]
+__all__ = ["SIM_AWS_ACCESS_KEY_ID", "SIM_AWS_SECRET_ACCESS_KEY", "SIM_BEDROCK_API_KEY", "Simulator", "run",
+           "vertex_service_account"]

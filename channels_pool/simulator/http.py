@@ -48,6 +48,9 @@ class Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    # The request target as sent, still percent-encoded: what a signature (SigV4) covers.
+    raw_path: str = ""
+    raw_query: str = ""
 
 
 class Connection:
@@ -179,7 +182,7 @@ async def read_request(conn: Connection) -> Request | None:
     body = await _read_body(conn, headers)
     connection = headers.get("connection", "").lower()
     keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-    return Request(method.upper(), unquote(path), query, headers, body, keep_alive)
+    return Request(method.upper(), unquote(path), query, headers, body, keep_alive, path, raw_query)
 
 
 async def _read_body(conn: Connection, headers: dict[str, str]) -> bytes:

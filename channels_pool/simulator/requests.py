@@ -3,14 +3,25 @@
 Directives make one request (or one channel) misbehave on purpose. They are
 merged from three places, later ones overriding earlier ones:
 
-1. the API key, when it reads ``sim:k=v,k=v`` (one misbehaving *channel*);
+1. the API key, when it reads ``sim:k=v,k=v`` (one misbehaving *channel*),
+   or the cloud credential standing for it (a Bedrock session token or API
+   key, a Vertex service account's client_email: ``cloud_auth``);
 2. ``[sim k=v k=v]`` anywhere in the prompt text (any protocol, any text part);
 3. the ``x-sim: k=v k=v`` request header.
 
 Keys: tokens, thinking, tool, pace, first_delay, status, reason, retry_after,
 error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
-crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write. Unknown keys
-and malformed values are ignored, so a request always gets an answer.
+crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write,
+and for the clouds (``channels_pool.simulator.clouds``): content_filter,
+filter_finish (Azure), exception_after, exception, bad_crc_after (Bedrock).
+Unknown keys and malformed values are ignored, so a request always gets an answer.
+
+``exception_after=N`` and ``bad_crc_after=N`` are Bedrock's spellings of
+``error_after=N``: the failure at token N is then the exception message
+``exception`` names (``throttlingException``, ``serviceUnavailableException``,
+``modelStreamErrorException``, ``internalServerException``,
+``validationException``), or a frame with a broken CRC. On other protocols
+they are plain ``error_after``.
 
 ``gate_at=N`` (with a ``tag``) makes a stream wait before its content token N
 (0: the first) until ``POST /_sim/release?tag=…`` arrives (or the caller
@@ -27,11 +38,16 @@ estimated usage.
 from __future__ import annotations
 
 import re
+import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from channels_pool.simulator import wire
+from channels_pool.simulator.http import Request
 from channels_pool.simulator.wire import OVERLOADED, SERVER
+from channels_pool.simulator.wire.converse import converse_texts
 
 _TEXT_DIRECTIVE = re.compile(r"\[sim\b([^\]]*)\]")
 
@@ -50,7 +66,8 @@ def api_key_of(headers: dict[str, str], query: dict[str, str]) -> str | None:
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    return headers.get("x-api-key") or headers.get("x-goog-api-key") or query.get("key") or auth or None
+    return (headers.get("x-api-key") or headers.get("api-key") or headers.get("x-goog-api-key") or query.get("key")
+            or auth or None)
 
 
 def gather_directives(api_key: str | None, texts: list[str], header: str | None) -> dict[str, str]:
@@ -127,10 +144,18 @@ class Directives:
     created: int | None = None
     cached: int = 0
     cache_write: int = 0
+    content_filter: bool = False  # Azure: refuse the prompt (400 content_filter)
+    filter_finish: bool = False  # Azure: end with finish_reason content_filter
+    exception: str | None = None  # Bedrock: the exception type of the failure at token N
+    bad_crc: bool = False  # Bedrock: that failure is a frame with a wrong CRC
 
     @classmethod
     def from_raw(cls, raw: dict[str, str]) -> Directives:
         status = _number(raw, "status", int)
+        error_after = _number(raw, "error_after", int)
+        bad_crc_after = _number(raw, "bad_crc_after", int)
+        for alias in (_number(raw, "exception_after", int), bad_crc_after):
+            error_after = alias if error_after is None else error_after
         return cls(
             tokens=_number(raw, "tokens", int, 12),
             thinking=_number(raw, "thinking", int, 0),
@@ -141,7 +166,7 @@ class Directives:
             reason=raw.get("reason") or None,
             retry_after=raw.get("retry_after") or None,
             error_after_preamble=_kind(raw.get("error_after_preamble")),
-            error_after=_number(raw, "error_after", int),
+            error_after=error_after,
             error_kind=_kind(raw.get("error_kind")) or SERVER,
             stall_after=_number(raw, "stall_after", int),
             cut_after=_number(raw, "cut_after", int),
@@ -155,6 +180,10 @@ class Directives:
             created=_number(raw, "created", int),
             cached=_number(raw, "cached", int, 0),
             cache_write=_number(raw, "cache_write", int, 0),
+            content_filter=bool(_flag(raw, "content_filter")),
+            filter_finish=bool(_flag(raw, "filter_finish")),
+            exception=raw.get("exception") or None,
+            bad_crc=bad_crc_after is not None,
         )
 
     def generation_time(self, tokens: int) -> float:
@@ -188,6 +217,9 @@ def prompt_texts(protocol: str, body: object) -> list[str]:
     """Every piece of prompt text in a request: where directives are looked for and words are counted."""
     if not isinstance(body, dict):
         return []
+    protocol = wire.grammar(protocol)  # a cloud's requests are written in a vendor's grammar
+    if protocol == "converse":
+        return converse_texts(body)
     texts: list[str] = []
     if protocol == "anthropic":
         texts += _part_texts(body.get("system"))
@@ -212,3 +244,24 @@ def prompt_texts(protocol: str, body: object) -> list[str]:
             elif isinstance(content, str):
                 texts.append(content)
     return texts
+
+
+def build_script(protocol: str, model: str | None, body: dict[str, Any], texts: list[str], d: Directives,
+                 request: Request) -> wire.Script:
+    """The answer a request gets, from its directives and its prompt."""
+    stream_options = body.get("stream_options")
+    return wire.Script(
+        model=model or "sim-model",
+        thinking=wire.deltas(d.thinking, wire.THINKING_WORDS),
+        text=wire.deltas(d.tokens, wire.TEXT_WORDS),
+        tool=d.tool,
+        input_tokens=count_words(texts),
+        stem=d.id or secrets.token_hex(12),
+        created=d.created if d.created is not None else int(time.time()),
+        cached=d.cached,
+        cache_write=d.cache_write,
+        crlf=d.crlf if d.crlf is not None else wire.grammar(protocol) == "gemini",  # Google sends CRLF
+        include_usage=isinstance(stream_options, dict) and stream_options.get("include_usage") is True,
+        sse=request.query.get("alt") == "sse",
+        request=body,
+    )

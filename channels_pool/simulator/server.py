@@ -1,9 +1,10 @@
 """The simulator's server: routes requests, keeps the records and drives each answer.
 
-Each request is routed by path to its protocol, its directives are read
-(``requests``), a ``Record`` is kept of it (``records``), and its answer is
-rendered (``wire``) and sent over the hand-written HTTP layer (``http``),
-with the pacing, splitting and failures at token N the directives ask for.
+Each request is routed by path to its protocol (the clouds' routes by
+``clouds``), its directives are read (``requests``), a ``Record`` is kept of
+it (``records``), and its answer is rendered (``wire``) and sent over the
+hand-written HTTP layer (``http``), with the pacing, splitting and failures
+at token N the directives ask for.
 
 ``python manage.py simulate_upstream`` runs it as a process (``run``); tests
 can also ``await Simulator().start(host, 0)`` inside their own event loop.
@@ -23,9 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from channels_pool.simulator import wire
+from channels_pool.simulator.cloud_auth import TokenIssuer
+from channels_pool.simulator.clouds import CloudEndpoints, cloud_call
 from channels_pool.simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
 from channels_pool.simulator.records import Record
-from channels_pool.simulator.requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
+from channels_pool.simulator.requests import Directives, api_key_of, build_script, gather_directives, prompt_texts
 from channels_pool.simulator.side_endpoints import GEMINI_MODELS, SideEndpoints
 
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
@@ -42,10 +45,11 @@ ROUTES = {
 # --------------------------------------------------------------------------- the server
 
 
-class Simulator(SideEndpoints):
+class Simulator(SideEndpoints, CloudEndpoints):
     """The fake provider. ``await start(host, port)`` returns the bound port (0 picks one)."""
 
     def __init__(self) -> None:
+        self.tokens = TokenIssuer()  # Vertex's token endpoint (``vertex_token_ttl`` sets their lifetime)
         self._records: list[Record] = []
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
@@ -125,6 +129,8 @@ class Simulator(SideEndpoints):
             # Lets a gate_at stream go on; a release that comes first is kept.
             self._gate(request.query.get("tag", "")).set()
             return await self._json(conn, request, 200, {"released": request.query.get("tag", "")})
+        if path == "/_sim/tokens":
+            return await self._token_control(conn, request)
 
         record = Record(id=next(self._ids), method=method, path=path, query=request.query,
                         headers=request.headers, peer=conn.peer, started_at=time.time())
@@ -136,6 +142,11 @@ class Simulator(SideEndpoints):
 
     async def _answer(self, conn: Connection, request: Request, record: Record) -> bool:
         path, method = request.path, request.method
+        if method == "POST" and path == "/token":
+            return await self._token(conn, request, record)
+        cloud = cloud_call(path) if method == "POST" else None
+        if cloud is not None:
+            return await self._cloud(conn, request, record, cloud)
         protocol = ROUTES.get(path)
         stream = False
         model: str | None = None
@@ -183,12 +194,17 @@ class Simulator(SideEndpoints):
             failure = wire.error_body(protocol, 400, message="simulated upstream: the body is not a JSON object")
             return await self._json(conn, request, 400, failure, record)
 
-        renderer = wire.RENDERERS[protocol](_script(protocol, model, body, texts, directives, request))
+        renderer = wire.RENDERERS[protocol](build_script(protocol, model, body, texts, directives, request))
+        return await self._deliver(conn, request, record, renderer, directives, stream)
+
+    async def _deliver(self, conn: Connection, request: Request, record: Record, renderer: wire.Renderer,
+                       d: Directives, stream: bool) -> bool:
+        """Send a rendered answer, streamed or whole, noticing at once if the caller hangs up."""
         conn.watch(record.note_hang_up)
         try:
             if stream:
-                return await self._stream(conn, request, record, renderer, directives)
-            return await self._whole(conn, request, record, renderer, directives)
+                return await self._stream(conn, request, record, renderer, d)
+            return await self._whole(conn, request, record, renderer, d)
         finally:
             await conn.unwatch()
 
@@ -203,7 +219,8 @@ class Simulator(SideEndpoints):
     async def _json(self, conn: Connection, request: Request, status: int, payload: object,
                     record: Record | None = None, extra: dict[str, str] | None = None) -> bool:
         body = wire.dump(payload).encode()
-        request_id = wire.RENDERERS[record.protocol].request_id_header if record and record.protocol else None
+        renderer = wire.RENDERERS.get(record.protocol) if record and record.protocol else None
+        request_id = renderer.request_id_header if renderer else None
         headers = self._headers(record, "application/json", request_id)
         headers.update(extra or {})
         headers["content-length"] = str(len(body))
@@ -238,11 +255,13 @@ class Simulator(SideEndpoints):
             if what == "cut":
                 return False
             status = renderer.error_status(kind)
-            return await self._json(conn, request, status, renderer.error_body(status), record)
+            return await self._json(conn, request, status, renderer.error_body(status), record,
+                                    renderer.error_headers(status))
 
         await conn.sleep(d.generation_time(total))
         body = wire.dump(renderer.body()).encode()
         headers = self._headers(record, renderer.json_content_type, renderer.request_id_header)
+        headers.update(renderer.headers(stream=False))
         headers["content-length"] = str(len(body))
         if not request.keep_alive:
             headers["connection"] = "close"
@@ -261,6 +280,7 @@ class Simulator(SideEndpoints):
     async def _stream(self, conn: Connection, request: Request, record: Record,
                       renderer: wire.Renderer, d: Directives) -> bool:
         headers = self._headers(record, renderer.stream_content_type, renderer.request_id_header)
+        headers.update(renderer.headers(stream=True))
         headers.update({"cache-control": "no-cache", "transfer-encoding": "chunked"})
         if not request.keep_alive:
             headers["connection"] = "close"
@@ -323,31 +343,14 @@ class Simulator(SideEndpoints):
         return request.keep_alive
 
 
-def _script(protocol: str, model: str | None, body: dict[str, Any], texts: list[str], d: Directives,
-            request: Request) -> wire.Script:
-    stream_options = body.get("stream_options")
-    return wire.Script(
-        model=model or "sim-model",
-        thinking=wire.deltas(d.thinking, wire.THINKING_WORDS),
-        text=wire.deltas(d.tokens, wire.TEXT_WORDS),
-        tool=d.tool,
-        input_tokens=count_words(texts),
-        stem=d.id or secrets.token_hex(12),
-        created=d.created if d.created is not None else int(time.time()),
-        cached=d.cached,
-        cache_write=d.cache_write,
-        crlf=d.crlf if d.crlf is not None else protocol == "gemini",  # Google sends CRLF
-        include_usage=isinstance(stream_options, dict) and stream_options.get("include_usage") is True,
-        sse=request.query.get("alt") == "sse",
-        request=body,
-    )
-
-
-def run(host: str = "127.0.0.1", port: int = 8901, ready: Callable[[str, int], None] | None = None) -> None:
+def run(host: str = "127.0.0.1", port: int = 8901, ready: Callable[[str, int], None] | None = None,
+        vertex_token_ttl: float | None = None) -> None:
     """Serve until the process is killed; ``ready(host, port)`` is called once listening."""
 
     async def serve() -> None:
         simulator = Simulator()
+        if vertex_token_ttl is not None:
+            simulator.vertex_token_ttl = vertex_token_ttl
         bound = await simulator.start(host, port)
         if ready is not None:
             ready(host, bound)

@@ -10,7 +10,9 @@ Anthropic Messages and Gemini send, as recorded in the shared protocols.md.
 - ``common``: the script, events, vocabularies and the renderer base class;
 - ``openai``: Chat Completions and Responses;
 - ``anthropic``: Messages;
-- ``gemini``: generateContent and streamGenerateContent.
+- ``gemini``: generateContent and streamGenerateContent;
+- ``converse``: Amazon Bedrock's Converse, and what every Bedrock answer shares;
+- ``clouds``: what Azure, Bedrock and Vertex change in the vendors' grammars.
 
 Renderers are pure: the same script always gives the same bytes, which is
 what lets tests compare a relayed stream with the simulator's record.
@@ -21,6 +23,13 @@ from __future__ import annotations
 from typing import Any
 
 from channels_pool.simulator.wire.anthropic import AnthropicRenderer
+from channels_pool.simulator.wire.clouds import (
+    AzureChatRenderer,
+    AzureResponsesRenderer,
+    BedrockAnthropicRenderer,
+    VertexAnthropicRenderer,
+    VertexGeminiRenderer,
+)
 from channels_pool.simulator.wire.common import (
     FRAME,
     OVERLOADED,
@@ -39,18 +48,28 @@ from channels_pool.simulator.wire.common import (
     dump,
     simulated_message,
 )
+from channels_pool.simulator.wire.converse import ConverseRenderer
 from channels_pool.simulator.wire.gemini import GeminiRenderer
 from channels_pool.simulator.wire.openai import ChatRenderer, ResponsesRenderer
 
 __all__ = [
     "FRAME", "OVERLOADED", "PREAMBLE", "RENDERERS", "SERVER", "SIM_MODELS", "TEXT_WORDS", "THINKING_WORDS", "TOKEN",
     "TOOL_ARGUMENTS", "TOOL_FRAGMENTS", "TOOL_NAME", "AnthropicRenderer", "ChatRenderer", "Event", "GeminiRenderer",
-    "Renderer", "ResponsesRenderer", "Script", "deltas", "dump", "error_body", "models_list", "simulated_message",
+    "Renderer", "ResponsesRenderer", "Script", "deltas", "dump", "error_body", "grammar", "models_list",
+    "simulated_message",
 ]
 
 RENDERERS: dict[str, type[Renderer]] = {
-    r.protocol: r for r in (ChatRenderer, ResponsesRenderer, AnthropicRenderer, GeminiRenderer)
+    r.protocol: r for r in (ChatRenderer, ResponsesRenderer, AnthropicRenderer, GeminiRenderer, AzureChatRenderer,
+                            AzureResponsesRenderer, BedrockAnthropicRenderer, ConverseRenderer,
+                            VertexGeminiRenderer, VertexAnthropicRenderer)
 }
+
+
+def grammar(protocol: str) -> str:
+    """The request grammar a protocol's requests are written in (``bedrock-anthropic`` -> ``anthropic``)."""
+    renderer = RENDERERS.get(protocol)
+    return (renderer.grammar or renderer.protocol) if renderer else protocol
 
 
 def error_body(protocol: str, status: int, reason: str | None = None, message: str | None = None) -> dict[str, Any]:

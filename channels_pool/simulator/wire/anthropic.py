@@ -66,12 +66,13 @@ class AnthropicRenderer(Renderer):
                            "input": json.loads(TOOL_ARGUMENTS)})
         return blocks
 
-    def events(self) -> list[Event]:
+    def payloads(self) -> list[tuple[dict[str, Any], str]]:
+        """Each event's JSON and its kind, in order: what clouds re-frame (Bedrock's event stream)."""
         s = self.script
-        out: list[Event] = []
+        out: list[tuple[dict[str, Any], str]] = []
 
         def add(payload: dict[str, Any], kind: str = FRAME) -> None:
-            out.append(Event(self.sse(payload, payload["type"]), kind))
+            out.append((payload, kind))
 
         start = {**self._message([], None), "usage": {**self.usage(1), "service_tier": "standard"}}
         add({"type": "message_start", "message": start}, PREAMBLE)
@@ -100,6 +101,9 @@ class AnthropicRenderer(Renderer):
              "usage": self.usage(s.output_tokens)})
         add({"type": "message_stop"})
         return out
+
+    def events(self) -> list[Event]:
+        return [Event(self.sse(payload, payload["type"]), kind) for payload, kind in self.payloads()]
 
     def _message(self, content: list[dict[str, Any]], stop_reason: str | None) -> dict[str, Any]:
         s = self.script

@@ -93,6 +93,9 @@ def simulated_message(status: int | None, kind: str | None = None) -> str:
 
 class Renderer:
     protocol = ""
+    # The request grammar this renderer answers: its own protocol, except on
+    # clouds (``azure-chat`` answers ``chat``, ``bedrock-converse`` ``converse``).
+    grammar = ""
     request_id_header = "x-request-id"
     stream_content_type = "text/event-stream"
     json_content_type = "application/json"
@@ -120,3 +123,11 @@ class Renderer:
 
     def error_body(self, status: int, reason: str | None = None, message: str | None = None) -> dict[str, Any]:
         raise NotImplementedError
+
+    def error_headers(self, status: int, reason: str | None = None) -> dict[str, str]:
+        """Headers an error answer carries besides its body (Bedrock names its error type in one)."""
+        return {}
+
+    def headers(self, stream: bool) -> dict[str, str]:
+        """Headers a successful answer carries besides the usual ones."""
+        return {}

@@ -33,6 +33,7 @@ _GEMINI_STATUSES = {
 class GeminiRenderer(Renderer):
     protocol = "gemini"
     json_content_type = "application/json; charset=UTF-8"
+    service = "generativelanguage.googleapis.com"  # named in an error's details
 
     def __init__(self, script: Script) -> None:
         super().__init__(script)
@@ -102,7 +103,7 @@ class GeminiRenderer(Renderer):
         if reason:
             error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
                                  "domain": "googleapis.com",
-                                 "metadata": {"service": "generativelanguage.googleapis.com"}}]
+                                 "metadata": {"service": self.service}}]
         return {"error": error}
 
     def stream_error(self, kind: str, events_written: int) -> bytes:
