@@ -71,15 +71,12 @@ def _load() -> list[ChannelInfo]:
     ]
 
 
-def weighted_order(
-    channels: list[ChannelInfo], rng: random.Random, native: str = "", model: str = ""
-) -> list[ChannelInfo]:
-    """Priority groups in descending order, those speaking the ``native``
-    grammar for ``model`` first within each, each shuffled by weight
-    (Efraimidis–Spirakis: sort by u ** (1 / weight))."""
-    return sorted(
-        channels, key=lambda c: (-c.priority, c.grammar(model) != native, -(rng.random() ** (1.0 / c.weight)))
-    )
+def weighted_order(found: list[tuple[ChannelInfo, bool]], rng: random.Random) -> list[ChannelInfo]:
+    """Channels (each with whether it speaks the client's own grammar) in
+    priority groups in descending order, the client's grammar first within
+    each, each shuffled by weight (Efraimidis–Spirakis: sort by u ** (1 / weight))."""
+    ordered = sorted(found, key=lambda f: (-f[0].priority, not f[1], -(rng.random() ** (1.0 / f[0].weight))))
+    return [channel for channel, _ in ordered]
 
 
 class ChannelDirectory:
@@ -93,15 +90,15 @@ class ChannelDirectory:
     async def candidates(
         self, protocols: Collection[str], model: str, pinned_id: int | None = None, native: str = ""
     ) -> list[ChannelInfo]:
-        channels = [
-            c for c in await self.all()
+        found = [
+            (c, grammar == native) for c in await self.all()
             if model in c.models and (grammar := c.grammar(model)) in protocols
             and (c.cross_protocol or grammar == native)
         ]
         if pinned_id is not None:
             # Affinity (P9): only the account holding the state can answer.
-            return [c for c in channels if c.id == pinned_id]
-        return weighted_order(channels, self._rng, native, model)
+            return [c for c, _ in found if c.id == pinned_id]
+        return weighted_order(found, self._rng)
 
     async def models(self) -> list[str]:
         """Every public model name some channel serves, whatever its protocol."""

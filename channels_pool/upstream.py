@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from dataclasses import replace
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 import httpx
 
 from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url, timed_out
-from channels_pool.kinds import AuthFailed, BrokenStream, UpstreamRequest
+from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from core.errors import UpstreamFailure
 from core.sse import Event
 
@@ -47,8 +47,6 @@ PASSED_BACK_HEADERS = ("x-request-id", "request-id")
 PROVIDER_REQUEST_ID_HEADERS = (*PASSED_BACK_HEADERS, "x-goog-request-id")
 KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 
-# How an HTTP error answer (status, body, retry-after) counts for failover.
-ClassifyFailure = Callable[[int, bytes, "int | None"], UpstreamFailure]
 # What the operator is shown of a failure's cause, at most (never a client).
 MAX_DETAIL = 300
 # Takes an event as it is read; True keeps it (and what follows) for next().

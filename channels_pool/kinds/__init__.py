@@ -8,6 +8,7 @@ from channels_pool.kinds.base import (
     BrokenStream,
     Call,
     ChannelKind,
+    ClassifyFailure,
     ConfigError,
     Operation,
     Splitter,
@@ -22,6 +23,6 @@ KINDS: dict[str, ChannelKind] = {
 }
 
 __all__ = [
-    "KINDS", "AuthFailed", "BrokenStream", "Call", "ChannelKind", "ConfigError", "Operation", "Splitter",
+    "KINDS", "AuthFailed", "BrokenStream", "Call", "ChannelKind", "ClassifyFailure", "ConfigError", "Operation", "Splitter",
     "UpstreamRequest",
 ]

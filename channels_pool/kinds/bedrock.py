@@ -46,7 +46,7 @@ from channels_pool.kinds.base import (
 from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
 from channels_pool.kinds.refresh import Refreshed
 from channels_pool.kinds.vendors import unsupported
-from core.errors import UpstreamFailure, failure_from_status
+from core.errors import UpstreamFailure
 from core.vocabulary import ChannelKindName, WireProtocol
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
@@ -149,7 +149,7 @@ class BedrockKind(ChannelKind):
     ) -> UpstreamFailure:
         if status in (400, 424, 429) and any(name in body for name in BUSY_ERRORS):
             return UpstreamFailure(f"http_{status}", status, busy=True, retry_after=retry_after)
-        return failure_from_status(status, retry_after=retry_after)
+        return grammar(status, body, retry_after)
 
     def check(self, base_url: str, secret: str, settings: Mapping[str, str]) -> None:
         region = settings.get("region", "")

@@ -16,7 +16,6 @@ body, Vertex's ``anthropic_version`` and no ``model``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -117,7 +116,7 @@ class VertexKind(ChannelKind):
     settings = ("project", "location")
 
     def __init__(self) -> None:
-        # (channel id, key digest) -> its tokens: a rotated key starts afresh.
+        # (channel id, key) -> its tokens: a rotated key starts afresh.
         self._sources: dict[tuple[int, str], TokenSource] = {}
 
     def grammar(self, model: str) -> WireProtocol:
@@ -151,7 +150,7 @@ class VertexKind(ChannelKind):
         return UpstreamRequest(url, headers, content, authorize=authorize)
 
     def source(self, channel: ChannelConfig) -> TokenSource:
-        key = (channel.id, hashlib.sha256(channel.secret.encode()).hexdigest())
+        key = (channel.id, channel.secret)
         found = self._sources.get(key)
         if found is None:
             try:

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
+from channels_pool.kinds import Call, Operation
 from core.sse import Event
 from core.usage import Usage
-from channels_pool.kinds import Call, Operation
 from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, dumps, prompt_text_chars
 from hopbase.protocols.gemini import Gemini, snake_or_camel
 

@@ -204,7 +204,6 @@ class OpenAIApi(Api):
         return dumps({"object": "list", "data": [self.model_entry(m) for m in models]})
 
 
-
 class ChatCompletions(OpenAIApi):
     name = ApiName.CHAT
     operation = Operation.CHAT

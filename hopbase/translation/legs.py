@@ -94,12 +94,13 @@ class Legs:
         cannot express the request."""
         model = channel.upstream_model(self.facts.model)
         grammar = channel.kind.grammar(model)
-        if grammar == self.api.wire:
-            if not channel.kind.serves(self.api.operation):
-                raise CannotServe("model", f"A {channel.protocol} channel cannot take this request.")
+        side = CHANNEL_SIDES[grammar]
+        api = self.api if grammar == self.api.wire else side.api
+        if not channel.kind.serves(api.operation):
+            raise CannotServe("model", f"A {channel.protocol} channel cannot take this request.")
+        if api is self.api:
             facts = self.api.with_model(self._passed_through(), model)
             return Leg(self.api, facts, lambda: self.api.new_watcher(facts))
-        side = CHANNEL_SIDES[grammar]
         try:
             facts = side.encode(self._conversation(), model)
         except GatewayError as error:
