@@ -1,0 +1,136 @@
+"""Testing a channel from the admin (rule C6): one small request to it, sent
+the way the relay sends every request (the channel's kind addresses and
+authorizes it, an ``Attempt`` reads it over the gateway's own HTTP client),
+and what came of it: the HTTP status, the latency and, for the operator
+only, the provider's own words.
+
+A probe is the operator's, not a tenant's: it writes no request log, no
+charge, and nothing of the channel's health (a failing test must not trip a
+breaker that real traffic would not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from channels_pool.http_client import new_client
+from channels_pool.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
+from channels_pool.models import Channel
+from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
+from core.errors import UpstreamFailure, failure_from_status
+from core.vocabulary import WireProtocol
+
+PROMPT = "Reply with OK."
+MAX_TOKENS = 16  # enough for any model to answer at all (some refuse fewer), few enough to cost nothing
+TIMEOUT = 30.0  # seconds for the whole answer
+GEMINI_API_VERSION = "v1beta"
+# Shown where a piece of the channel's credential was, should a provider echo one back.
+MASK = "••••"
+# Shorter pieces of a credential are not looked for: they would match ordinary words.
+MIN_MASKED = 8
+# What the operator is told for failures that carry no provider text.
+NO_ANSWER = {"connect": "could not connect to the channel", "timeout": "the connection timed out",
+             "cut": "the channel cut the answer short", "internal": "the answer could not be read"}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    channel: str
+    model: str  # the name the channel was sent
+    status: int | None  # the channel's HTTP status; None when it never sent one
+    latency_ms: int  # from the start (credentials included) to the answer's end or the failure
+    ok: bool
+    error: str = ""  # for the operator: what went wrong, the provider's text where it sent any
+
+    def summary(self) -> str:
+        answer = f"HTTP {self.status}" if self.status is not None else "no answer"
+        text = f"{self.channel}: {answer} in {self.latency_ms} ms (model {self.model})"
+        return text + (f": {self.error}" if self.error else ".")
+
+
+def probe_channels(channels: Sequence[Channel]) -> list[ProbeResult]:
+    """Test each channel at once, in order of ``channels``. Called from a
+    sync view: on an event loop of its own, so it neither waits for nor
+    slows the gateway's."""
+    return asyncio.run(_probe_all(channels))
+
+
+async def _probe_all(channels: Sequence[Channel]) -> list[ProbeResult]:
+    http = new_client()
+    try:
+        return list(await asyncio.gather(*(probe(http, channel) for channel in channels)))
+    finally:
+        await http.aclose()
+
+
+def probe_call(kind: ChannelKind, model: str) -> Call:
+    """The smallest request of the grammar the channel speaks for ``model``, streamed as the relay streams."""
+    grammar = kind.grammar(model)
+    if grammar == WireProtocol.OPENAI:
+        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                                "max_completion_tokens": MAX_TOKENS, "stream": True}
+        return Call(Operation.CHAT, model, body, orjson.dumps(body))
+    if grammar == WireProtocol.ANTHROPIC:
+        body = {"model": model, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": PROMPT}],
+                "stream": True}
+        return Call(Operation.MESSAGES, model, body, orjson.dumps(body))
+    if grammar == WireProtocol.GEMINI:
+        body = {"contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
+                "generationConfig": {"maxOutputTokens": MAX_TOKENS}}
+        return Call(Operation.GENERATE, model, body, orjson.dumps(body), route={"version": GEMINI_API_VERSION})
+    body = {"messages": [{"role": "user", "content": [{"text": PROMPT}]}], "inferenceConfig": {"maxTokens": MAX_TOKENS}}
+    return Call(Operation.CONVERSE, model, body, orjson.dumps(body))
+
+
+async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
+    # A kind of its own, not the relay's shared one: the credentials are
+    # tried as they are now (no token the relay holds answers for them), and
+    # nothing made on this loop is left in the relay's caches.
+    kind = type(KINDS[channel.protocol])()
+    model = next(iter(channel.model_map().values()), "")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    def result(status: int | None, error: str = "") -> ProbeResult:
+        latency = round((loop.time() - started) * 1000)
+        return ProbeResult(channel.name, model, status, latency, ok=status == 200 and not error,
+                           error=masked(error, channel.secret)[:MAX_DETAIL])
+
+    try:
+        request = kind.request(channel, probe_call(kind, model))
+    except ConfigError as error:  # settings the kind cannot use (saved before they were checked)
+        return result(None, error.message)
+    attempt = Attempt(http, channel, request,
+                      lambda status, body, retry_after: kind.failure(
+                          channel, status, body, retry_after,
+                          lambda s, b, r: failure_from_status(s, retry_after=r)))
+    deadline = started + TIMEOUT
+    try:
+        while True:
+            item = await attempt.next(deadline - loop.time())
+            if item is Signal.END:
+                return result(attempt.status)
+            if isinstance(item, UpstreamFailure):
+                return result(item.status, item.detail or NO_ANSWER.get(item.kind, item.kind))
+            if item is Signal.TIMEOUT and loop.time() >= deadline:
+                return result(attempt.status, f"no complete answer within {TIMEOUT:.0f} s")
+    finally:
+        attempt.end()
+
+
+def masked(text: str, secret: str) -> str:
+    """``text`` with no piece of the channel's credential in it: a provider
+    may quote a refused key back (the parts of an AWS key pair included)."""
+    if not secret:
+        return text
+    pieces = {secret} if secret.lstrip().startswith("{") else {secret, *secret.split(":")}
+    for piece in sorted(pieces, key=len, reverse=True):
+        if len(piece) >= MIN_MASKED:
+            text = text.replace(piece, MASK)
+    return text
