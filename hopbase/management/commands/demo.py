@@ -3,7 +3,9 @@ then print the key and SDK snippets (used by bin/demo)."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
@@ -11,6 +13,7 @@ from django.db import transaction
 from billing.ledger import top_up
 from billing.models import ModelPrice
 from channels_pool.models import Channel
+from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
 from hopbase.models import ApiKey, Tenant
 
 DEMO_MODELS = {
@@ -23,6 +26,23 @@ DEMO_MODELS = {
 # failover, across protocols for the OpenAI and Gemini SDKs, out of the box.
 FAILOVER_MODEL = "failover-demo"
 FLAKY_PROTOCOL = "anthropic"
+# One channel of each cloud kind, on the same simulator, each written as an
+# operator would write it for the real cloud: public=upstream where the
+# upstream name is the cloud's own (Azure's deployment, Bedrock's inference
+# profile, Vertex's versioned Claude id). Only Anthropic models on Bedrock:
+# they pass through; Converse models are translated.
+AZURE_DEPLOYMENT = "demo-gpt-4o"
+BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+BEDROCK_REGION = "us-east-1"
+VERTEX_PROJECT = "hopbase-sim"
+VERTEX_LOCATION = "global"
+VERTEX_GEMINI = "gemini-2.5-flash"
+VERTEX_CLAUDE = "claude-sonnet-4-5@20250929"
+CLOUD_MODELS = {
+    "azure": {"azure-gpt-4o": AZURE_DEPLOYMENT},
+    "bedrock": {"bedrock-claude": BEDROCK_MODEL},
+    "vertex": {"vertex-gemini": VERTEX_GEMINI, "vertex-claude": VERTEX_CLAUDE},
+}
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
 
 SNIPPET = """
@@ -52,6 +72,15 @@ Google GenAI SDK:
 Any SDK reaches any model: ask the OpenAI SDK for "claude-sonnet-5-5" (an
 Anthropic channel, translated both ways) or the Anthropic SDK for
 "gpt-4o-mini".
+
+Cloud channels, one of each kind on the same simulator (any SDK reaches
+each of them, as above):
+    "azure-gpt-4o"    Azure OpenAI, deployment {azure_deployment} (api-key, default api-version)
+    "bedrock-claude"  Amazon Bedrock, {bedrock_model} in {bedrock_region}
+                      (SigV4 with an access key pair, answers in AWS's event stream)
+    "vertex-gemini"   Vertex AI, {vertex_gemini} in {vertex_location} (a service-account key)
+    "vertex-claude"   Vertex AI, {vertex_claude} (the same key)
+e.g. the Anthropic SDK above with model="bedrock-claude" or "vertex-claude".
 
 Watch failover: ask for model "{failover}" with any SDK. Its first channel
 (Anthropic) always answers 529; HopBase moves to the next before anything
@@ -110,7 +139,10 @@ class Command(BaseCommand):
                 name=f"demo-{protocol}-steady",
                 defaults={"protocol": protocol, "base_url": base_url, "secret": "sk-simulated", "served_models": [FAILOVER_MODEL]},
             )
-        for model in {FAILOVER_MODEL, *(m for models in DEMO_MODELS.values() for m in models)}:
+        for kind, defaults in cloud_channels(simulator_url).items():
+            Channel.objects.update_or_create(name=f"demo-{kind}", defaults=defaults)
+        cloud_models = (public for models in CLOUD_MODELS.values() for public in models)
+        for model in {FAILOVER_MODEL, *cloud_models, *(m for models in DEMO_MODELS.values() for m in models)}:
             if not ModelPrice.objects.filter(model=model).exists():
                 ModelPrice.objects.create(
                     model=model,
@@ -120,4 +152,30 @@ class Command(BaseCommand):
                     cache_write_usd_per_mtok=DEMO_PRICE["write"],
                 )
         _, secret = ApiKey.objects.issue(tenant, label="demo")
-        self.stdout.write(SNIPPET.format(gateway=gateway_url.rstrip("/"), secret=secret, failover=FAILOVER_MODEL))
+        self.stdout.write(SNIPPET.format(
+            gateway=gateway_url.rstrip("/"), secret=secret, failover=FAILOVER_MODEL,
+            azure_deployment=AZURE_DEPLOYMENT, bedrock_model=BEDROCK_MODEL, bedrock_region=BEDROCK_REGION,
+            vertex_gemini=VERTEX_GEMINI, vertex_claude=VERTEX_CLAUDE, vertex_location=VERTEX_LOCATION,
+        ))
+
+
+def cloud_channels(simulator_url: str) -> dict[str, dict[str, Any]]:
+    """Each cloud kind's demo channel (its fields), on the simulator at simulator_url.
+
+    The credentials are the ones the simulator accepts: any Azure key, its
+    AWS key pair, and its service-account key, whose token_uri is the
+    simulator's own token endpoint.
+    """
+    def served(kind: str) -> list[str]:
+        return [f"{public}={upstream}" for public, upstream in CLOUD_MODELS[kind].items()]
+
+    return {
+        "azure": {"protocol": "azure", "base_url": simulator_url, "secret": "azure-simulated",
+                  "served_models": served("azure")},
+        "bedrock": {"protocol": "bedrock", "base_url": simulator_url, "region": BEDROCK_REGION,
+                    "secret": f"{SIM_AWS_ACCESS_KEY_ID}:{SIM_AWS_SECRET_ACCESS_KEY}",
+                    "served_models": served("bedrock")},
+        "vertex": {"protocol": "vertex", "base_url": simulator_url, "project": VERTEX_PROJECT,
+                   "location": VERTEX_LOCATION, "secret": json.dumps(vertex_service_account(simulator_url)),
+                   "served_models": served("vertex")},
+    }
