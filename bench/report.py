@@ -27,11 +27,13 @@ def per(total: dict, events: int = 1) -> float:
     return total["cpu"] / max(total["done"] * events, 1)
 
 
-def ratio(over: dict, under: dict) -> str:
+def ratio(over: dict, under: dict, over_events: int = 1, under_events: int = 1) -> str:
     """The ratio over all rounds (as the columns beside it), and the range
-    of the rounds' own: how far one round's noise reaches."""
-    rounds = sorted(a / b for a, b in zip(over["rounds"], under["rounds"]) if b > 0)
-    whole = per(over) / max(per(under), 1e-12)
+    of the rounds' own: how far one round's noise reaches. With events, per
+    event: two streams may differ by an event or two."""
+    scale = under_events / max(over_events, 1)
+    rounds = sorted(a / b * scale for a, b in zip(over["rounds"], under["rounds"]) if b > 0)
+    whole = per(over, over_events) / max(per(under, under_events), 1e-12)
     if not rounds:
         return f"{whole:.2f}×"
     return f"{whole:.2f}× (rounds {rounds[0]:.2f}–{rounds[-1]:.2f})"
@@ -57,6 +59,39 @@ def raw_latency_row(samples: dict) -> tuple[str, str, str, str, str]:
             f"+{(f - body) * 1e3:.2f} ms (bare relay; the body direct {body * 1e3:.2f} ms)",
             f"+{(g - stream) * 1e3:.2f} ms (the stream direct {stream * 1e3:.2f} ms)",
             added(g - stream, f - body), "≤ +1 ms")
+
+
+def refusals(events: dict[str, int]) -> str:
+    """The legs the gateway refused (their events: minus the status)."""
+    return "gateway answered " + ", ".join(f"{name} HTTP {-n}" for name, n in events.items() if n <= 0)
+
+
+def cloud_rows(tgt: dict) -> list[tuple[str, str, str, str, str]]:
+    """The cloud channels against the vendors' own, the same answer passed
+    through on both (rule C1): whole streams, and Bedrock's event stream
+    event by event on a paced stream."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    events, clouds = tgt["cloud_events"], tgt["clouds"]
+    for leg, under, what in (("bedrock", "anthropic", "Messages stream over a bedrock channel (SigV4, AWS event stream)"),
+                             ("vertex claude", "anthropic", "Messages stream over a vertex channel (Claude; token, SSE)"),
+                             ("vertex gemini", "gemini", "Gemini stream over a vertex channel (token, SSE)")):
+        label = f"CPU per {what}, {events[leg]} events"
+        if clouds is None:
+            rows.append((label, "—", f"n/a ({refusals(events)})", "—", "—"))
+            continue
+        rows.append((label, f"{per(clouds[under]) * 1e3:.2f} ms (the same over an {under} channel)",
+                     f"{per(clouds[leg]) * 1e3:.2f} ms", ratio(clouds[leg], clouds[under]), f"≤ 1.15× {under}"))
+    events, paced = tgt["paced_events"], tgt["paced"]
+    label = f"CPU per streamed event, paced ({events['bedrock paced']} events, each its own read): bedrock's event stream"
+    if paced is None:
+        rows.append((label, "—", f"n/a ({refusals(events)})", "—", "—"))
+    else:
+        sse_events, decoded_events = events["anthropic paced"], events["bedrock paced"]
+        sse, decoded = paced["anthropic paced"], paced["bedrock paced"]
+        rows.append((label, f"{per(sse, sse_events) * 1e3:.3f} ms (Anthropic SSE passed through, paced)",
+                     f"{per(decoded, decoded_events) * 1e3:.3f} ms", ratio(decoded, sse, decoded_events, sse_events),
+                     "≤ 1.2× SSE"))
+    return rows
 
 
 def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) -> str:
@@ -91,6 +126,7 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     else:
         rows.append(("CPU per translated stream (chat client, anthropic channel)", "—",
                      f"n/a (gateway answered {-tgt['translated_events']})", "—", "—"))
+    rows += cloud_rows(tgt)
     served = tgt["serve"]
     daphne_alone, alone, two = per(served["gateway"]), per(served["serve1"]), per(served["serve"])
     shares = sorted(served["serve"]["per_pid"].values())
@@ -130,7 +166,7 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     errors = [f"{key}/{name}: {dict(samples.errors)}" for key in ("whole_serial", "chat_stream_serial", "whole_raw")
               for name, samples in res[key].items() if samples.errors]
-    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation") if key in tgt}
+    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation", "clouds", "paced") if tgt.get(key)}
     errors += [f"{key}/{name}: {dict(t['errors'])}" for key, targets in measured.items()
                for name, t in targets.items() if t["errors"]]
     if "open" in tgt and tgt["open"]["errors"]:

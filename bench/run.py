@@ -52,7 +52,16 @@ serve --workers 2`` on the same database. Then it measures:
 4. CPU per translated stream: a Chat Completions stream for a model only an
    Anthropic channel serves, against the same stream (whole requests both)
    from an OpenAI channel, passed through;
-5. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
+5. CPU per stream over the demo's cloud channels (rule C): a Messages
+   stream of about 50 events over a ``bedrock`` channel (SigV4 signed, the
+   answer in AWS's event stream, decoded into Anthropic's events) and over
+   a ``vertex`` channel (Claude; a service-account token, SSE), against the
+   same stream over an ``anthropic`` channel, and a Gemini stream over a
+   ``vertex`` channel against the same over a ``gemini`` channel, all
+   passed through; then CPU per event of a paced stream (``[sim pace=…]``:
+   each event a read of its own, as from a provider generating them), the
+   Bedrock channel's event stream against the Anthropic channel's SSE;
+6. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
    once, how many of the upstream requests the simulator saw hung up on.
@@ -60,7 +69,7 @@ serve --workers 2`` on the same database. Then it measures:
    upstream pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``) is raised to fit.
 
 ``--py-spy PATH`` samples the gateway process with that py-spy binary (pip
-install it, it is not a project dependency) during measures 2-4 (in
+install it, it is not a project dependency) during measures 2-5 (in
 ``--gil`` mode, so idle threads and the rounds of other targets add few
 samples) and prints the hottest functions; the CPU figures of such a run
 include py-spy's sampling overhead. ``--keep`` keeps the temporary folder (database, process
@@ -98,7 +107,17 @@ import httpx
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
 from bench.processes import Child, Profiler, free_port, gateway_env, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
-from bench.targets import LONG_STREAM, TRANSLATED_STREAM, measure_targets, serve_workers
+from bench.targets import (
+    CLOUD_STREAM,
+    GEMINI_LEGS,
+    LONG_STREAM,
+    MESSAGES_LEGS,
+    PACED_CONCURRENCY,
+    PACED_STREAM,
+    TRANSLATED_STREAM,
+    measure_targets,
+    serve_workers,
+)
 from hopbase.management.commands.serve import listening_sockets
 
 TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: chat requests for it are translated
@@ -218,6 +237,9 @@ def main() -> int:
             f" RLIMIT_NOFILE {soft}/{hard}",
             f"bodies:    chat {NONSTREAM_DIRECTIVE} non-stream; chat streams (include_usage)"
             f" {STREAM_DIRECTIVE} and {LONG_STREAM}; translated {TRANSLATED_MODEL} {TRANSLATED_STREAM}",
+            "clouds:    Messages and Gemini streams " + CLOUD_STREAM + ", model per channel: "
+            + ", ".join(f"{leg} {model}" for leg, model in (*MESSAGES_LEGS, *GEMINI_LEGS))
+            + f"; paced {PACED_STREAM} at {PACED_CONCURRENCY} at once",
         ]
 
         chat_headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}

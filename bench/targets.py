@@ -1,6 +1,9 @@
 """The measurements behind issue 13's targets: CPU per request and per event
 against the bare relay (bench/floor.py), the translated stream, two processes
-under ``manage.py serve``, and many streams held open over them."""
+under ``manage.py serve``, and many streams held open over them; and the
+cloud channels' (rule C) against the vendors' own: a stream over Bedrock and
+Vertex against the same over an Anthropic or Gemini channel, and Bedrock's
+event stream against SSE, event by event."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -29,6 +33,20 @@ TRANSLATED_STREAM = "[sim tokens=48]"  # with its preamble and end, about 50 eve
 # measured with; one, what a request costs apart from its events.
 WHOLE_ANSWERS = (50, 16, 1)
 HOLD_PACE = 600  # seconds between tokens of a held-open stream
+# The cloud rows use the demo's models (hopbase/management/commands/demo.py),
+# each served by one channel only: (leg, model) per client API, the vendor's
+# own channel first, the one the clouds are held against.
+MESSAGES_LEGS = (("anthropic", "claude-sonnet-5-5"), ("bedrock", "bedrock-claude"), ("vertex claude", "vertex-claude"))
+GEMINI_LEGS = (("gemini", "gemini-2.5-flash"), ("vertex gemini", "vertex-gemini"))
+CLOUD_STREAM = TRANSLATED_STREAM  # about 50 events, as the translated stream
+# 4 ms between tokens: each event a read of its own, as from a provider
+# generating them (unpaced, a busy gateway finds several in one read, and
+# what is done per read is hidden). Paced streams mostly wait, so more run
+# at once to keep the rounds short.
+PACED_STREAM = "[sim tokens=100 pace=0.004]"
+PACED_CONCURRENCY = 16
+ANTHROPIC_VERSION = {"anthropic-version": "2023-06-01"}
+SSE_DATA = re.compile(rb"^data:", re.MULTILINE)
 
 
 async def quiet_cpu(pids: list[int], within: float = 5.0) -> dict[int, float]:
@@ -123,12 +141,84 @@ async def bare_stream_reads(direct: Target, tokens: int, count: int, concurrency
         return (time.process_time() - started) / (count // concurrency * concurrency)
 
 
-async def stream_events(client: httpx.AsyncClient, target: Target, body: bytes) -> int:
-    """Events in one chat stream's answer (blank-line terminated)."""
-    response = await client.post(target.base + "/v1/chat/completions", content=body, headers=target.chat_headers)
+async def stream_events(client: httpx.AsyncClient, target: Target, body: bytes,
+                        path: str = "/v1/chat/completions", headers: dict[str, str] | None = None) -> int:
+    """Events in one stream's answer (its SSE data lines), or minus the status of a refusal."""
+    response = await client.post(target.base + path, content=body, headers=headers or target.chat_headers)
     if response.status_code != 200:
         return -response.status_code
-    return response.content.count(b"\n\n")
+    return len(SSE_DATA.findall(response.content))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCall:
+    """One streamed request of a client API: where it goes and what it says."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def messages_call(target: Target, model: str, directive: str) -> StreamCall:
+    body = {"model": model, "max_tokens": 1024, "stream": True,
+            "messages": [{"role": "user", "content": "Tell a story. " + directive}]}
+    return StreamCall("/v1/messages", {**target.chat_headers, **ANTHROPIC_VERSION}, json.dumps(body).encode())
+
+
+def gemini_call(target: Target, model: str, directive: str) -> StreamCall:
+    body = {"contents": [{"role": "user", "parts": [{"text": "Tell a story. " + directive}]}]}
+    return StreamCall(f"/v1beta/models/{model}:streamGenerateContent?alt=sse", target.chat_headers,
+                      json.dumps(body).encode())
+
+
+def one_stream_call(client: httpx.AsyncClient, call: StreamCall) -> One:
+    """A whole stream of ``call``, read to its end, timed in ``s``."""
+    async def one(t: Target, s: Samples) -> None:
+        started = time.perf_counter()
+        async with client.stream("POST", t.base + call.path, content=call.body, headers=call.headers) as response:
+            async for _ in response.aiter_raw():
+                pass
+        if response.status_code == 200:
+            s.latency.append(time.perf_counter() - started)
+        else:
+            s.errors[f"HTTP {response.status_code}"] += 1
+    return one
+
+
+async def cloud_rounds(client: httpx.AsyncClient, gateway: Target, pids: dict[str, list[int]], calls: dict[str, StreamCall],
+                       count: int, concurrency: int) -> tuple[dict[str, int], dict[str, dict] | None]:
+    """Each leg's events in one answer, then ``cpu_rounds`` over the legs, all
+    on the one gateway process; no rounds if a leg is refused (its events
+    negative: minus the status)."""
+    events = {name: await stream_events(client, gateway, call.body, call.path, call.headers)
+              for name, call in calls.items()}
+    if min(events.values()) <= 0:
+        return events, None
+    legs = [(name, gateway, one_stream_call(client, call)) for name, call in calls.items()]
+    targets, leg_pids, one = named_legs(legs, pids)
+    await interleaved(targets, 10, concurrency, one)  # warm-up: a Vertex token, each channel's connections
+    return events, await cpu_rounds(targets, leg_pids, count, concurrency, one)
+
+
+async def measure_clouds(args, gateway: Target, sim_url: str, pids: dict[str, list[int]]) -> dict:
+    """CPU per stream over the cloud channels against the vendors' own (the
+    same answer, passed through on both), and per event of a paced stream:
+    Bedrock's event stream decoded against Anthropic's SSE passed on."""
+    out: dict = {}
+    c = args.concurrency
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=PACED_CONCURRENCY), timeout=REQUEST_TIMEOUT,
+                                 trust_env=False) as client:
+        calls = {name: messages_call(gateway, model, CLOUD_STREAM) for name, model in MESSAGES_LEGS}
+        calls |= {name: gemini_call(gateway, model, CLOUD_STREAM) for name, model in GEMINI_LEGS}
+        log(f"CPU per stream of about 50 events: {', '.join(calls)}")
+        out["cloud_events"], out["clouds"] = await cloud_rounds(client, gateway, pids, calls, args.streams, c)
+        await client.delete(sim_url + "/_sim/records")
+        paced = {f"{name} paced": messages_call(gateway, model, PACED_STREAM) for name, model in MESSAGES_LEGS[:2]}
+        log(f"CPU per event of paced streams ({PACED_STREAM}): {', '.join(paced)}")
+        out["paced_events"], out["paced"] = await cloud_rounds(client, gateway, pids, paced, args.streams,
+                                                               PACED_CONCURRENCY)
+        await client.delete(sim_url + "/_sim/records")
+    return out
 
 
 def serve_workers(serve_pid: int) -> list[int]:
@@ -268,6 +358,7 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             targets, leg_pids, one = named_legs(legs, pids)
             out["translation"] = await cpu_rounds(targets, leg_pids, args.streams, c, one)
             await client.delete(sim_url + "/_sim/records")
+    out.update(await measure_clouds(args, gateway, sim_url, pids))
     if args.open_streams:
         out["open"] = await open_streams(args.open_streams, served, sim_url, pids["serve"])
     return out
