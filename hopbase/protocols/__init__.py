@@ -2,6 +2,7 @@
 
 from hopbase.protocols.anthropic_messages import Messages
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
+from hopbase.protocols.bedrock_converse import Converse
 from hopbase.protocols.gemini import Gemini
 from hopbase.protocols.gemini_caches import GeminiCaches
 from hopbase.protocols.openai_chat import ChatCompletions
@@ -12,5 +13,7 @@ RESPONSES = Responses()
 MESSAGES = Messages()
 GEMINI = Gemini()
 GEMINI_CACHES = GeminiCaches()
+# A channel grammar only: no client calls Converse.
+CONVERSE = Converse()
 
-__all__ = ["CHAT", "GEMINI", "GEMINI_CACHES", "MESSAGES", "RESPONSES", "Api", "Mark", "RequestFacts", "StreamWatcher"]
+__all__ = ["CHAT", "CONVERSE", "GEMINI", "GEMINI_CACHES", "MESSAGES", "RESPONSES", "Api", "Mark", "RequestFacts", "StreamWatcher"]

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from channels_pool.selection import ChannelInfo
 from core.errors import GatewayError
 from core.vocabulary import ApiName, WireProtocol
-from hopbase.protocols import CHAT, GEMINI, MESSAGES
+from hopbase.protocols import CHAT, CONVERSE, GEMINI, MESSAGES
 from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
-from hopbase.translation import anthropic_request, chat_request, gemini_request, responses_request
+from hopbase.translation import anthropic_request, chat_request, converse_request, gemini_request, responses_request
 from hopbase.translation.anthropic_stream import AnthropicReader, AnthropicWriter
 from hopbase.translation.base import Reader, Writer
 from hopbase.translation.chat_stream import ChatReader, ChatWriter
+from hopbase.translation.converse_stream import ConverseReader
 from hopbase.translation.gemini_stream import GeminiReader, GeminiWriter
 from hopbase.translation.neutral import CannotServe, Conversation
 from hopbase.translation.responses_stream import ResponsesWriter
@@ -57,6 +58,7 @@ CHANNEL_SIDES: dict[str, ChannelSide] = {
     WireProtocol.OPENAI: ChannelSide(CHAT, chat_request.encode, ChatReader),
     WireProtocol.ANTHROPIC: ChannelSide(MESSAGES, anthropic_request.encode, AnthropicReader),
     WireProtocol.GEMINI: ChannelSide(GEMINI, gemini_request.encode, GeminiReader),
+    WireProtocol.CONVERSE: ChannelSide(CONVERSE, converse_request.encode, ConverseReader),
 }
 ALL_WIRES = frozenset(CHANNEL_SIDES)
 
