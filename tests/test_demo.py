@@ -76,6 +76,7 @@ def test_the_demo_serves_one_channel_of_each_cloud_kind(gateway, simulator):
 
     calls = {"azure-gpt-4o": ("demo-azure", azure),
              "bedrock-claude": ("demo-bedrock", lambda: messages("bedrock-claude")),
+             "bedrock-nova": ("demo-bedrock", lambda: messages("bedrock-nova")),
              "vertex-claude": ("demo-vertex", lambda: messages("vertex-claude")),
              "vertex-gemini": ("demo-vertex", gemini)}
     assert set(calls) == set(public_models)

@@ -29,10 +29,12 @@ FLAKY_PROTOCOL = "anthropic"
 # One channel of each cloud kind, on the same simulator, each written as an
 # operator would write it for the real cloud: public=upstream where the
 # upstream name is the cloud's own (Azure's deployment, Bedrock's inference
-# profile, Vertex's versioned Claude id). Only Anthropic models on Bedrock:
-# they pass through; Converse models are translated.
+# profile, Vertex's versioned Claude id). On Bedrock, an Anthropic model
+# (its events pass through to a Messages client) and one that speaks
+# Converse (translated for every client).
 AZURE_DEPLOYMENT = "demo-gpt-4o"
 BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+BEDROCK_CONVERSE_MODEL = "amazon.nova-pro-v1:0"
 BEDROCK_REGION = "us-east-1"
 VERTEX_PROJECT = "hopbase-sim"
 VERTEX_LOCATION = "global"
@@ -40,7 +42,7 @@ VERTEX_GEMINI = "gemini-2.5-flash"
 VERTEX_CLAUDE = "claude-sonnet-4-5@20250929"
 CLOUD_MODELS = {
     "azure": {"azure-gpt-4o": AZURE_DEPLOYMENT},
-    "bedrock": {"bedrock-claude": BEDROCK_MODEL},
+    "bedrock": {"bedrock-claude": BEDROCK_MODEL, "bedrock-nova": BEDROCK_CONVERSE_MODEL},
     "vertex": {"vertex-gemini": VERTEX_GEMINI, "vertex-claude": VERTEX_CLAUDE},
 }
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
@@ -78,6 +80,7 @@ each of them, as above):
     "azure-gpt-4o"    Azure OpenAI, deployment {azure_deployment} (api-key, default api-version)
     "bedrock-claude"  Amazon Bedrock, {bedrock_model} in {bedrock_region}
                       (SigV4 with an access key pair, answers in AWS's event stream)
+    "bedrock-nova"    Amazon Bedrock, {bedrock_converse_model} (the Converse API, translated)
     "vertex-gemini"   Vertex AI, {vertex_gemini} in {vertex_location} (a service-account key)
     "vertex-claude"   Vertex AI, {vertex_claude} (the same key)
 e.g. the Anthropic SDK above with model="bedrock-claude" or "vertex-claude".
@@ -155,6 +158,7 @@ class Command(BaseCommand):
         self.stdout.write(SNIPPET.format(
             gateway=gateway_url.rstrip("/"), secret=secret, failover=FAILOVER_MODEL,
             azure_deployment=AZURE_DEPLOYMENT, bedrock_model=BEDROCK_MODEL, bedrock_region=BEDROCK_REGION,
+            bedrock_converse_model=BEDROCK_CONVERSE_MODEL,
             vertex_gemini=VERTEX_GEMINI, vertex_claude=VERTEX_CLAUDE, vertex_location=VERTEX_LOCATION,
         ))
 
