@@ -226,7 +226,8 @@ def _renderer(call: CloudCall, script: wire.Script, d: Directives) -> wire.Rende
 def _invalid(call: CloudCall, body: dict[str, Any], texts: list[str]) -> str | None:
     """What the cloud would refuse in a body sent to it, if anything."""
     if call.embeddings:
-        return None if texts else "simulated upstream: nothing to embed"
+        return embeddings.too_many(call.embeddings, call.model or "", texts) if texts else \
+            "simulated upstream: nothing to embed"
     if call.protocol not in ("bedrock-anthropic", "vertex-anthropic"):
         return None
     if call.protocol == "bedrock-anthropic" and "anthropic." not in (call.model or ""):

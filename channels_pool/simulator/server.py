@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels_pool.simulator import wire
+from channels_pool.simulator import embeddings, wire
 from channels_pool.simulator.cloud_auth import TokenIssuer
 from channels_pool.simulator.clouds import CloudEndpoints, cloud_call
 from channels_pool.simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
@@ -34,6 +34,7 @@ from channels_pool.simulator.side_endpoints import GEMINI_MODELS, SideEndpoints
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
 _GEMINI_CACHES = re.compile(r"/(v1|v1beta|v1alpha)/cachedContents")
 _GEMINI_COUNT = re.compile(r"/(v1|v1beta|v1alpha)/models/(.+):countTokens")
+_GEMINI_EMBED = re.compile(r"/(v1|v1beta|v1alpha)/models/(.+):(embedContent|batchEmbedContents)")
 
 ROUTES = {
     "/v1/chat/completions": "chat",
@@ -159,6 +160,12 @@ class Simulator(SideEndpoints, CloudEndpoints):
             return await self._models(conn, request, record)
         if method == "POST" and _GEMINI_CACHES.fullmatch(path):
             return await self._cache(conn, request, record)
+        if method == "POST" and path == "/v1/embeddings":
+            return await self._embed(conn, request, record, "chat", embeddings.AZURE, None)
+        embed = _GEMINI_EMBED.fullmatch(path) if method == "POST" else None
+        if embed:
+            kind = embeddings.GEMINI if embed.group(3) == "embedContent" else embeddings.GEMINI_BATCH
+            return await self._embed(conn, request, record, "gemini", kind, embed.group(2))
         counted = _GEMINI_COUNT.fullmatch(path)
         if method == "POST" and (counted or path == "/v1/messages/count_tokens"):
             return await self._count(conn, request, record, counted.group(2) if counted else None)
@@ -196,6 +203,34 @@ class Simulator(SideEndpoints, CloudEndpoints):
 
         renderer = wire.RENDERERS[protocol](build_script(protocol, model, body, texts, directives, request))
         return await self._deliver(conn, request, record, renderer, directives, stream)
+
+    async def _embed(self, conn: Connection, request: Request, record: Record, protocol: str, kind: str,
+                     model: str | None) -> bool:
+        """OpenAI's ``/v1/embeddings`` and Gemini's ``:embedContent`` / ``:batchEmbedContents``
+        (the clouds' embeddings: ``clouds``); only the wait before the answer of the timing directives."""
+        record.protocol = f"{protocol}-embeddings"
+        try:
+            parsed = json.loads(request.body) if request.body else None
+        except (ValueError, UnicodeDecodeError):
+            parsed = None
+        record.body = parsed
+        body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+        texts = embeddings.embedding_texts(kind, body)
+        raw = gather_directives(api_key_of(request.headers, request.query), texts, request.headers.get("x-sim"))
+        d = Directives.from_raw(raw)
+        model = model or (body.get("model") if isinstance(body.get("model"), str) else None)
+        record.directives, record.tag, record.model = raw, d.tag, model
+        if d.status is not None:
+            headers = {"retry-after": d.retry_after} if d.retry_after else {}
+            return await self._json(conn, request, d.status, wire.error_body(protocol, d.status, d.reason), record,
+                                    headers)
+        problem = "simulated upstream: nothing to embed" if not texts else embeddings.too_many(kind, model or "", texts)
+        if problem:
+            return await self._json(conn, request, 400, wire.error_body(protocol, 400, message=problem), record)
+        await conn.sleep(d.first_delay)
+        record.completed = True
+        answer = embeddings.embedding_body(kind, body, texts, model or "sim-embedding")
+        return await self._json(conn, request, 200, answer, record)
 
     async def _deliver(self, conn: Connection, request: Request, record: Record, renderer: wire.Renderer,
                        d: Directives, stream: bool) -> bool:
