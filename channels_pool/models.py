@@ -16,7 +16,8 @@ from core.model_names import split_alias
 from core.vocabulary import ChannelKindName
 
 BASE_URL_MAX_LENGTH = 500
-SECRET_MAX_LENGTH = 500  # of the plaintext
+# Of the plaintext: a Vertex service-account JSON key is about 2,400 characters.
+SECRET_MAX_LENGTH = 8192
 
 
 def validate_base_url(value: str) -> str:
