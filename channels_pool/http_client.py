@@ -208,3 +208,24 @@ def parsed_url(url: str) -> httpx.URL:
             _parsed_urls.clear()
         parsed = _parsed_urls[url] = httpx.URL(url)
     return parsed
+
+
+def retry_after_seconds(headers: httpx.Headers) -> int | None:
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0, int(float(value)))
+    except ValueError:
+        return None
+
+
+async def read_up_to(response: httpx.Response, limit: int) -> bytes:
+    """The body, or its first ``limit`` bytes and a little more (read no further)."""
+    chunks, size = [], 0
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(chunks)

@@ -12,7 +12,7 @@ HOPBASE_STALE_MAX_AGE seconds.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from channels_pool.kinds import KINDS, ChannelKind
@@ -88,11 +88,14 @@ class ChannelDirectory:
         return await self._snapshot.get()
 
     async def candidates(
-        self, protocols: Collection[str], model: str, pinned_id: int | None = None, native: str = ""
+        self, protocols: Collection[str], model: str, pinned_id: int | None = None, native: str = "",
+        grammar_of: Callable[[ChannelInfo, str], str | None] = ChannelInfo.grammar,
     ) -> list[ChannelInfo]:
+        """The channels serving ``model`` in one of ``protocols`` (each
+        channel's grammar for the model as ``grammar_of`` tells it), in order."""
         found = [
             (c, grammar == native) for c in await self.all()
-            if model in c.models and (grammar := c.grammar(model)) in protocols
+            if model in c.models and (grammar := grammar_of(c, model)) in protocols
             and (c.cross_protocol or grammar == native)
         ]
         if pinned_id is not None:
@@ -103,6 +106,15 @@ class ChannelDirectory:
     async def models(self) -> list[str]:
         """Every public model name some channel serves, whatever its protocol."""
         return sorted({m for c in await self.all() for m in c.models})
+
+    async def embedding_models(self) -> frozenset[str]:
+        """The public models served for embeddings: by a channel with an
+        embeddings endpoint for it, named as one (an ``embed`` in either name;
+        a kind such as OpenAI's offers its endpoint for every model)."""
+        return frozenset(
+            public for c in await self.all() for public, upstream in c.models.items()
+            if "embed" in f"{public} {upstream}".lower() and c.kind.embedding_grammar(upstream) is not None
+        )
 
     def clear(self) -> None:
         self._snapshot.clear()

@@ -18,13 +18,22 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import httpx
 
-from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url, timed_out
+from channels_pool.http_client import (
+    TRANSPORT_ERRORS,
+    chunk_reader,
+    open_response,
+    parsed_url,
+    read_up_to,
+    retry_after_seconds,
+    timed_out,
+)
+from channels_pool.parts import read_in_parts
 from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from core.errors import UpstreamFailure
 from core.sse import Event
@@ -32,8 +41,9 @@ from core.sse import Event
 log = logging.getLogger("hopbase.upstream")
 
 MAX_ERROR_BODY = 64 * 1024
-# A whole (non-event-stream) answer, such as a created Gemini cache.
-MAX_WHOLE_BODY = 8 * 1024 * 1024
+# A whole (non-event-stream) answer, such as a created Gemini cache or a
+# batch of embeddings (2,048 vectors of 3,072 numbers as JSON: about 75 MB).
+MAX_WHOLE_BODY = 128 * 1024 * 1024
 RELEASE_GRACE_SECONDS = 5
 # Bounds on what one attempt holds in memory: bytes read but not yet taken
 # by the relay (past it, reading pauses: the provider waits), and one event
@@ -67,16 +77,6 @@ class Channel(Protocol):
     name: str
 
 
-def retry_after_seconds(headers: httpx.Headers) -> int | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0, int(float(value)))
-    except ValueError:
-        return None
-
-
 def _set_if_waiting(wake: asyncio.Future[None]) -> None:
     if not wake.done():
         wake.set_result(None)
@@ -86,16 +86,18 @@ class Attempt:
     """One request to one channel. ``next()`` yields its events in order,
     then ``Signal.END``; or a signal; or an ``UpstreamFailure`` as the last
     item. ``end()`` lets go of it: the connection goes back to the pool when
-    the attempt ``completed``, otherwise the channel is hung up on."""
+    the attempt ``completed``, otherwise the channel is hung up on. A whole
+    answer asked for in parts (``parts``) is one event: their bodies as a JSON array."""
 
     def __init__(
         self,
         http: httpx.AsyncClient,
         channel: Channel,
-        request: UpstreamRequest,
+        request: UpstreamRequest | Sequence[UpstreamRequest],
         classify: ClassifyFailure,
         whole_body: bool = False,
     ) -> None:
+        requests = [request] if isinstance(request, UpstreamRequest) else list(request)
         self.channel = channel
         self.status: int | None = None
         # The channel's response headers anyone asks for (request ids), by
@@ -113,7 +115,7 @@ class Attempt:
         self._wake: asyncio.Future[None] | None = None
         self._unread = 0
         self._room: asyncio.Future[None] | None = None  # the pump waits for the relay to catch up
-        self._splitter = request.splitter()
+        self._splitter = requests[0].splitter()
         self._events: deque[Event] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._take: Consumer | None = None
@@ -121,13 +123,16 @@ class Attempt:
         # When the channel last sent bytes, kept once consume() is called
         # (until then the relay sees every read itself).
         self.read_at = loop.time()
-        self._task = loop.create_task(self._pump(http, request))
+        self._task = loop.create_task(self._pump(http, requests))
 
-    async def _pump(self, http: httpx.AsyncClient, request: UpstreamRequest) -> None:
+    async def _pump(self, http: httpx.AsyncClient, requests: list[UpstreamRequest]) -> None:
         try:
-            if request.authorize is not None:
-                await request.authorize(request, http)
-            await self._read(http, request)
+            if len(requests) > 1:
+                await self._read_parts(http, requests)
+            else:
+                if requests[0].authorize is not None:
+                    await requests[0].authorize(requests[0], http)
+                await self._read(http, requests[0])
         except AuthFailed as error:
             # The channel's credentials, not the request: the channel fails over.
             self._put(UpstreamFailure("auth", detail=str(error)[:MAX_DETAIL]))
@@ -139,8 +144,7 @@ class Attempt:
             log.exception("upstream read failed on channel %s", self.channel.name)
             self._put(UpstreamFailure("internal", self.status))
 
-    async def _read(self, http: httpx.AsyncClient, upstream: UpstreamRequest) -> None:
-        put = self._put
+    async def _open(self, http: httpx.AsyncClient, upstream: UpstreamRequest) -> httpx.Response | UpstreamFailure:
         # Built directly, not with build_request (which merges the client's
         # defaults, cookies and URL parts: ~4 % of a request's CPU). The relay
         # splits raw bytes, so the channel must send them uncompressed.
@@ -151,23 +155,37 @@ class Attempt:
         try:
             response = await open_response(http, request)
         except TRANSPORT_ERRORS as error:
-            put(UpstreamFailure("timeout" if timed_out(error) else "connect"))
+            return UpstreamFailure("timeout" if timed_out(error) else "connect")
+        self.status = response.status_code
+        self._kept_headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for raw_name, value in response.headers.raw
+            if (name := raw_name.lower()) in KEPT_HEADERS
+        }
+        return response
+
+    async def _refused(self, response: httpx.Response) -> UpstreamFailure:
+        body = await read_up_to(response, MAX_ERROR_BODY)
+        failure = self._classify(response.status_code, body, retry_after_seconds(response.headers))
+        return replace(failure, detail=failure.detail or body[:MAX_DETAIL].decode("utf-8", "replace"))
+
+    async def _whole(self, response: httpx.Response, upstream: UpstreamRequest) -> bytes:
+        body = await read_up_to(response, MAX_WHOLE_BODY)
+        return upstream.answer(body, response.headers) if upstream.answer is not None else body
+
+    async def _read(self, http: httpx.AsyncClient, upstream: UpstreamRequest) -> None:
+        put = self._put
+        response = await self._open(http, upstream)
+        if isinstance(response, UpstreamFailure):
+            put(response)
             return
         try:
-            self.status = response.status_code
-            self._kept_headers = {
-                name.decode("latin-1"): value.decode("latin-1")
-                for raw_name, value in response.headers.raw
-                if (name := raw_name.lower()) in KEPT_HEADERS
-            }
             if response.status_code != 200:
-                body = await _read_up_to(response, MAX_ERROR_BODY)
-                failure = self._classify(response.status_code, body, retry_after_seconds(response.headers))
-                put(replace(failure, detail=failure.detail or body[:MAX_DETAIL].decode("utf-8", "replace")))
+                put(await self._refused(response))
                 return
             put(Signal.OPENED)
             if self._whole_body:
-                put(Event(await _read_up_to(response, MAX_WHOLE_BODY)))
+                put(Event(await self._whole(response, upstream)))
             else:
                 # Not aiter_raw(): its layers (a chunker, a context per body)
                 # cost more than the bytes of an event.
@@ -184,6 +202,29 @@ class Attempt:
             put(UpstreamFailure("cut", self.status))
         finally:
             await response.aclose()
+
+    async def _read_parts(self, http: httpx.AsyncClient, parts: list[UpstreamRequest]) -> None:
+        async def read(upstream: UpstreamRequest) -> bytes | UpstreamFailure:
+            if upstream.authorize is not None:
+                await upstream.authorize(upstream, http)
+            response = await self._open(http, upstream)
+            if isinstance(response, UpstreamFailure):
+                return response
+            try:
+                return await (self._refused(response) if response.status_code != 200 else self._whole(response, upstream))
+            except TRANSPORT_ERRORS:
+                return UpstreamFailure("cut", response.status_code)
+            finally:
+                await response.aclose()
+
+        bodies = await read_in_parts(parts, read)
+        if isinstance(bodies, UpstreamFailure):
+            self._put(bodies)
+            return
+        self.status = 200
+        self._put(Signal.OPENED)
+        self._put(Event(b"[" + b",".join(bodies) + b"]"))
+        self._put(Signal.END)
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
         if isinstance(item, bytes | Event):
@@ -357,11 +398,3 @@ class Attempt:
         if not self._task.done():
             self._task.cancel()
 
-
-async def _read_up_to(response: httpx.Response, limit: int) -> bytes:
-    body = b""
-    async for chunk in response.aiter_raw():
-        body += chunk
-        if len(body) > limit:
-            break
-    return body

@@ -3,6 +3,7 @@
 ``ApiName``      the API a client called (the export's ``protocol`` column,
                  the metrics' ``protocol`` label)
 ``WireProtocol`` the grammar a channel (a provider account) speaks for a model
+``EmbeddingGrammar`` the grammar of a channel's embeddings endpoint for a model
 ``ChannelKindName`` where a channel is and how it is reached: a vendor's own
                  API or a cloud (a channel's ``protocol`` field)
 ``RequestStatus`` how a request ended (the request log's ``status``)
@@ -18,6 +19,7 @@ class ApiName(models.TextChoices):
     RESPONSES = "responses", "OpenAI Responses"
     MESSAGES = "messages", "Anthropic Messages"
     GEMINI = "gemini", "Gemini"
+    EMBEDDINGS = "embeddings", "OpenAI Embeddings"
 
 
 class WireProtocol(models.TextChoices):
@@ -25,6 +27,14 @@ class WireProtocol(models.TextChoices):
     ANTHROPIC = "anthropic", "Anthropic Messages"
     GEMINI = "gemini", "Gemini"
     CONVERSE = "converse", "Amazon Bedrock Converse"
+
+
+class EmbeddingGrammar(models.TextChoices):
+    OPENAI = "openai", "OpenAI embeddings (and Azure's deployments)"
+    GEMINI = "gemini", "Gemini batchEmbedContents"
+    VERTEX = "vertex", "Vertex AI predict"
+    TITAN = "titan", "Amazon Titan embeddings on Bedrock"
+    COHERE = "cohere", "Cohere embeddings on Bedrock"
 
 
 class ChannelKindName(models.TextChoices):

@@ -209,7 +209,7 @@ def parse_facts(api: Api, body: Any, raw: bytes, route: dict[str, str]) -> Reque
 
 
 async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse:
-    """Serve one generation request (or one Gemini cache creation)."""
+    """Serve one generation request (or a Gemini cache creation, or embeddings)."""
     model = (route or {}).get("model", "")
     try:
         if gateway.recorder.spool.full:
@@ -242,10 +242,11 @@ async def list_models(call: Call, model: str | None = None) -> HttpResponse:
     if call.request.method != "GET":
         return error_response(api, GatewayError(ErrorKind.METHOD_NOT_ALLOWED))
     models = [m for m in await directory.models() if caller.allows(m)]
+    embedding = await directory.embedding_models()
     if model is None:
-        body = api.models_body(models)
+        body = api.models_body(models, embedding)
     elif model in models:
-        body = dumps(api.model_entry(model))
+        body = dumps(api.model_entry(model, model in embedding))
     else:
         return error_response(api, GatewayError(ErrorKind.MODEL_NOT_FOUND))
     return HttpResponse(body, content_type="application/json")

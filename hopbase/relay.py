@@ -42,7 +42,9 @@ from hopbase.protocols.base import Api, Mark, RequestFacts
 from hopbase.releases import Releases
 from hopbase.reply import STREAM_HEADERS, Reply, error_reply
 from hopbase.run import DRAIN_RETRY_AFTER, Committed, Run
-from hopbase.translation.legs import Leg, Legs
+from hopbase.translation.base import Leg
+from hopbase.translation.embeddings import EmbeddingLegs
+from hopbase.translation.legs import Legs, legs_for
 from hopbase.translation.neutral import CannotServe
 
 log = logging.getLogger("hopbase.relay")
@@ -114,8 +116,9 @@ class Relay:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
             pinned = await self._pinned(api, caller, facts)
-            legs = Legs(api, facts, request_id)
-            found = await self.directory.candidates(legs.wires(), facts.model, pinned, native=api.wire)
+            legs = legs_for(api, facts, request_id)
+            found = await self.directory.candidates(legs.wires(), facts.model, pinned, native=api.wire,
+                                                    grammar_of=legs.grammar)
             candidates = self.board.arrange(found)
             if not candidates:
                 run.error_kind = ErrorKind.MODEL_NOT_FOUND.value
@@ -169,7 +172,7 @@ class Relay:
         return GatewayError(ErrorKind.STATE_NOT_FOUND, message, param=api.state_field or None)
 
     @staticmethod
-    def _routes(legs: Legs, candidates: list[ChannelInfo]) -> list[tuple[ChannelInfo, Leg]]:
+    def _routes(legs: Legs | EmbeddingLegs, candidates: list[ChannelInfo]) -> list[tuple[ChannelInfo, Leg]]:
         """Each candidate with its leg; those whose protocol cannot express
         the request are ruled out (T3), and if that is all of them the
         request is refused naming the field."""
@@ -224,11 +227,11 @@ class Relay:
 
     def _start_attempt(self, run: Run, channel: ChannelInfo, leg: Leg, held: Releases) -> Attempt:
         kind, grammar = channel.kind, leg.api.upstream_failure
-        request = kind.request(channel, leg.api.upstream_call(leg.facts, run.headers))
+        requests = [kind.request(channel, call) for call in leg.api.upstream_calls(leg.facts, run.headers)]
         self.board.started(channel.id)
         held.callback(self.board.ended, channel.id)
         attempt = Attempt(
-            self.http, channel, request,
+            self.http, channel, requests,
             lambda status, body, retry_after: kind.failure(channel, status, body, retry_after, grammar),
             whole_body=not leg.api.upstream_streams,
         )

@@ -14,6 +14,7 @@ urlpatterns = [
     path("v1/responses", views.responses),
     path("v1/messages", views.messages),
     path("v1/messages/count_tokens", views.messages_count_tokens),
+    path("v1/embeddings", views.embeddings),
     path("v1/models", views.models),
     path("v1/usage", views.usage),
     re_path(
@@ -21,6 +22,9 @@ urlpatterns = [
         views.gemini_generate,
     ),
     re_path(rf"^{GEMINI_VERSION}/models/(?P<model>[^/:]+):countTokens$", views.gemini_count_tokens),
+    re_path(
+        rf"^{GEMINI_VERSION}/models/(?P<model>[^/:]+):(?P<action>embedContent|batchEmbedContents)$", views.gemini_embed,
+    ),
     re_path(rf"^{GEMINI_VERSION}/models$", views.gemini_models),
     re_path(rf"^{GEMINI_VERSION}/cachedContents$", views.gemini_cached_contents),
     re_path(r"^v1/models/(?P<model>[^/:]+)$", views.model),

@@ -15,7 +15,7 @@ from core.errors import ErrorKind, GatewayError
 from core.snapshots import database_call
 from hopbase import counting, intake, metrics, readiness
 from hopbase.intake import Call, authorized
-from hopbase.protocols import CHAT, GEMINI, GEMINI_CACHES, MESSAGES, RESPONSES
+from hopbase.protocols import CHAT, EMBEDDINGS, GEMINI, GEMINI_CACHES, GEMINI_EMBEDDINGS, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
 
 
@@ -50,6 +50,16 @@ async def messages(call: Call) -> HttpResponse:
 async def gemini_generate(call: Call, version: str, model: str, action: str) -> HttpResponse:
     route = {"version": version, "model": model, "action": action, "alt": call.request.GET.get("alt", "")}
     return await intake.serve(call, route)
+
+
+@authorized(EMBEDDINGS)
+async def embeddings(call: Call) -> HttpResponse:
+    return await intake.serve(call)
+
+
+@authorized(GEMINI_EMBEDDINGS)
+async def gemini_embed(call: Call, version: str, model: str, action: str) -> HttpResponse:
+    return await intake.serve(call, {"version": version, "model": model, "action": action})
 
 
 @authorized(MESSAGES)

@@ -149,8 +149,9 @@ class FixedDirectory:
     def __init__(self, channels: list[ChannelInfo]) -> None:
         self.channels = channels
 
-    async def candidates(self, wires, model: str, pinned_id: int | None = None, native: str = "") -> list[ChannelInfo]:
-        channels = [c for c in self.channels if c.protocol in wires]
+    async def candidates(self, wires, model: str, pinned_id: int | None = None, native: str = "",
+                         grammar_of=None) -> list[ChannelInfo]:
+        channels = [c for c in self.channels if (grammar_of(c, model) if grammar_of else c.protocol) in wires]
         if pinned_id is not None:
             return [c for c in channels if c.id == pinned_id]
         return channels

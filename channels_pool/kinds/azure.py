@@ -1,8 +1,9 @@
 """Azure OpenAI (``azure``, rule C2): OpenAI's grammar at a resource's
 endpoint, a deployment as the model, the key in ``api-key``.
 
-Chat Completions goes to the deployment's own path with ``api-version``;
-Responses goes to the v1 path, the deployment named as ``model``. Azure's
+Chat Completions (and embeddings) go to the deployment's own path with
+``api-version``; Responses goes to the v1 path, the deployment named as
+``model``. Azure's
 filter-only chunks and its content-filter refusals are the Chat grammar's
 to read (``hopbase.protocols.openai_chat``): here only the refusal's status
 is told apart, so that it is never counted against the channel.
@@ -25,9 +26,9 @@ from channels_pool.kinds.base import (
     UpstreamRequest,
     base,
 )
-from channels_pool.kinds.vendors import stream_headers, unsupported
+from channels_pool.kinds.vendors import json_headers, stream_headers, unsupported
 from core.errors import UpstreamFailure
-from core.vocabulary import ChannelKindName, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
 # The current GA data-plane version (2024-10-21); an operator may name another.
 DEFAULT_API_VERSION = "2024-10-21"
@@ -49,16 +50,21 @@ class AzureKind(ChannelKind):
     def grammar(self, model: str) -> WireProtocol:
         return WireProtocol.OPENAI
 
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar:
+        return EmbeddingGrammar.OPENAI
+
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         version = quote(channel.api_version or DEFAULT_API_VERSION, safe="")
+        deployment = quote(call.model, safe="")
         if call.operation is Operation.CHAT:
-            deployment = quote(call.model, safe="")
             url = f"{base(channel)}/openai/deployments/{deployment}/chat/completions?api-version={version}"
         elif call.operation is Operation.RESPONSES:
             url = f"{base(channel)}/openai/v1/responses"
+        elif call.operation is Operation.EMBED:
+            url = f"{base(channel)}/openai/deployments/{deployment}/embeddings?api-version={version}"
         else:
             raise unsupported(self, call)
-        headers = stream_headers(call)
+        headers = json_headers(call) if call.operation is Operation.EMBED else stream_headers(call)
         headers["api-key"] = channel.secret
         return UpstreamRequest(url, headers, call.content)
 

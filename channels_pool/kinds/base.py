@@ -20,7 +20,7 @@ import httpx
 
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
-from core.vocabulary import WireProtocol
+from core.vocabulary import EmbeddingGrammar, WireProtocol
 
 
 class Operation(enum.StrEnum):
@@ -32,6 +32,7 @@ class Operation(enum.StrEnum):
     GENERATE = "generate"  # Gemini streamGenerateContent
     CACHE = "cache"  # Gemini cachedContents (a whole JSON answer)
     CONVERSE = "converse"  # Bedrock ConverseStream
+    EMBED = "embed"  # embeddings (a whole JSON answer), in the grammar ``ChannelKind.embedding_grammar`` names
 
 
 @dataclass
@@ -75,6 +76,11 @@ class AuthFailed(Exception):
 Authorize = Callable[["UpstreamRequest", httpx.AsyncClient], Awaitable[None]]
 
 
+# A whole answer's body as the relay reads it, from the body and headers the
+# channel sent (a cloud that reports usage in a header, say).
+AnswerBody = Callable[[bytes, httpx.Headers], bytes]
+
+
 @dataclass
 class UpstreamRequest:
     url: str
@@ -82,6 +88,7 @@ class UpstreamRequest:
     content: bytes
     authorize: Authorize | None = None
     splitter: Callable[[], Splitter] = EventSplitter
+    answer: AnswerBody | None = None
 
 
 class ChannelConfig(Protocol):
@@ -120,6 +127,11 @@ class ChannelKind:
     def grammar(self, model: str) -> WireProtocol:
         """The grammar the channel speaks for ``model`` (the name it is sent)."""
         raise NotImplementedError
+
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar | None:
+        """The grammar of this kind's embeddings endpoint for ``model``; None
+        where the kind has no embeddings for it."""
+        return None
 
     def serves(self, operation: Operation) -> bool:
         """Whether this kind has an endpoint for ``operation`` (a Gemini cache

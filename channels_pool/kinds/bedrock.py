@@ -47,7 +47,8 @@ from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
 from channels_pool.kinds.refresh import Refreshed
 from channels_pool.kinds.vendors import unsupported
 from core.errors import UpstreamFailure
-from core.vocabulary import ChannelKindName, WireProtocol
+from core.sse import EventSplitter
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 SERVICE = "bedrock"
@@ -57,10 +58,24 @@ EVENT_STREAM = "application/vnd.amazon.eventstream"
 CHAIN_RECHECK_SECONDS = 60.0
 # Bedrock's error types that mean "busy" rather than "broken" (C5).
 BUSY_ERRORS = (b"ThrottlingException", b"ServiceUnavailableException", b"ModelNotReadyException")
+INPUT_TOKENS_HEADER = "x-amzn-bedrock-input-token-count"
+# Where an invoke answer carries that header's count, for the embeddings' reader.
+INPUT_TOKENS_FIELD = "x-amzn-bedrock-input-token-count"
 
 
 def is_anthropic(model: str) -> bool:
     return "anthropic." in model
+
+
+def with_input_tokens(body: bytes, headers: httpx.Headers) -> bytes:
+    """An invoke answer with the input token count Bedrock gave in a header
+    added to its JSON object (as it came when there is none, or no object)."""
+    count = headers.get(INPUT_TOKENS_HEADER, "")
+    if not count.isdigit() or not body.rstrip().endswith(b"}"):
+        return body
+    head = body.rstrip()[:-1].rstrip()
+    separator = b"" if head.endswith(b"{") else b","
+    return head + separator + b'"' + INPUT_TOKENS_FIELD.encode() + b'":' + count.encode() + b"}"
 
 
 def key_pair(secret: str) -> ReadOnlyCredentials | None:
@@ -108,18 +123,28 @@ class BedrockKind(ChannelKind):
     def grammar(self, model: str) -> WireProtocol:
         return WireProtocol.ANTHROPIC if is_anthropic(model) else WireProtocol.CONVERSE
 
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar | None:
+        if "titan-embed" in model:
+            return EmbeddingGrammar.TITAN
+        return EmbeddingGrammar.COHERE if "cohere.embed" in model else None
+
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         model = quote(call.model, safe="")
+        accept, answer = EVENT_STREAM, None
         if call.operation is Operation.MESSAGES:
             url = f"{base(channel)}/model/{model}/invoke-with-response-stream"
             content = orjson.dumps(self._messages_body(call))
             splitter = AnthropicFrames
         elif call.operation is Operation.CONVERSE:
             url, content, splitter = f"{base(channel)}/model/{model}/converse-stream", call.content, ConverseFrames
+        elif call.operation is Operation.EMBED:
+            # One JSON body, read whole: no event stream to split.
+            url, content, splitter = f"{base(channel)}/model/{model}/invoke", call.content, EventSplitter
+            accept, answer = "application/json", with_input_tokens
         else:
             raise unsupported(self, call)
-        headers = {"content-type": "application/json", "accept": EVENT_STREAM}
-        request = UpstreamRequest(url, headers, content, splitter=splitter)
+        headers = {"content-type": "application/json", "accept": accept}
+        request = UpstreamRequest(url, headers, content, splitter=splitter, answer=answer)
         secret = channel.secret
         if not secret:
             region = channel.region

@@ -10,7 +10,7 @@ from typing import ClassVar
 from urllib.parse import quote
 
 from channels_pool.kinds.base import Call, ChannelConfig, ChannelKind, ConfigError, Operation, UpstreamRequest, base
-from core.vocabulary import ChannelKindName, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
 # The Messages API version HopBase speaks when a client names none.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -20,6 +20,11 @@ def stream_headers(call: Call) -> dict[str, str]:
     return {**call.headers, "content-type": "application/json", "accept": "text/event-stream"}
 
 
+def json_headers(call: Call) -> dict[str, str]:
+    """Headers for a request answered with one JSON body."""
+    return {**call.headers, "content-type": "application/json", "accept": "application/json"}
+
+
 def unsupported(kind: ChannelKind, call: Call) -> ConfigError:
     # Legs only pair a call with a channel of its grammar: reaching here is a bug.
     return ConfigError("protocol", f"a {kind.name} channel cannot take a {call.operation} request")
@@ -27,16 +32,20 @@ def unsupported(kind: ChannelKind, call: Call) -> ConfigError:
 
 class OpenAIKind(ChannelKind):
     name = ChannelKindName.OPENAI
-    PATHS: ClassVar[dict[Operation, str]] = {Operation.CHAT: "/chat/completions", Operation.RESPONSES: "/responses"}
+    PATHS: ClassVar[dict[Operation, str]] = {Operation.CHAT: "/chat/completions", Operation.RESPONSES: "/responses",
+                                             Operation.EMBED: "/embeddings"}
 
     def grammar(self, model: str) -> WireProtocol:
         return WireProtocol.OPENAI
+
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar:
+        return EmbeddingGrammar.OPENAI
 
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         path = self.PATHS.get(call.operation)
         if path is None:
             raise unsupported(self, call)
-        headers = stream_headers(call)
+        headers = json_headers(call) if call.operation is Operation.EMBED else stream_headers(call)
         headers["authorization"] = f"Bearer {channel.secret}"
         return UpstreamRequest(base(channel) + path, headers, call.content)
 
@@ -62,6 +71,9 @@ class GeminiKind(ChannelKind):
     def grammar(self, model: str) -> WireProtocol:
         return WireProtocol.GEMINI
 
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar:
+        return EmbeddingGrammar.GEMINI
+
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         version = call.route["version"]
         if call.operation is Operation.GENERATE:
@@ -72,6 +84,9 @@ class GeminiKind(ChannelKind):
         elif call.operation is Operation.CACHE:
             url = f"{base(channel)}/{version}/cachedContents"
             headers = {**call.headers, "content-type": "application/json"}
+        elif call.operation is Operation.EMBED:
+            url = f"{base(channel)}/{version}/models/{quote(call.model, safe='')}:batchEmbedContents"
+            headers = json_headers(call)
         else:
             raise unsupported(self, call)
         headers["x-goog-api-key"] = channel.secret

@@ -10,7 +10,8 @@ refuses (401) is dropped, so the next request exchanges anew.
 
 Gemini models go to ``publishers/google`` in Gemini's grammar; Claude
 models to ``publishers/anthropic`` (``streamRawPredict``) with the Messages
-body, Vertex's ``anthropic_version`` and no ``model``.
+body, Vertex's ``anthropic_version`` and no ``model``. Embedding models take
+Vertex's own ``:predict`` body (instances and parameters).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from channels_pool.kinds.base import (
     base,
 )
 from channels_pool.kinds.refresh import Refreshed
-from channels_pool.kinds.vendors import stream_headers, unsupported
+from channels_pool.kinds.vendors import json_headers, stream_headers, unsupported
 from core.errors import UpstreamFailure
-from core.vocabulary import ChannelKindName, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
 ANTHROPIC_VERSION = "vertex-2023-10-16"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -122,14 +123,20 @@ class VertexKind(ChannelKind):
     def grammar(self, model: str) -> WireProtocol:
         return WireProtocol.ANTHROPIC if model.startswith("claude") else WireProtocol.GEMINI
 
+    def embedding_grammar(self, model: str) -> EmbeddingGrammar | None:
+        return None if model.startswith("claude") else EmbeddingGrammar.VERTEX
+
     def serves(self, operation: Operation) -> bool:
-        return operation in (Operation.GENERATE, Operation.MESSAGES)
+        return operation in (Operation.GENERATE, Operation.MESSAGES, Operation.EMBED)
 
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         model = quote(call.model, safe="")
         publisher = f"{base(channel)}/v1/projects/{quote(channel.project, safe='')}/locations/{quote(channel.location, safe='')}/publishers"
         if call.operation is Operation.GENERATE:
             url = f"{publisher}/google/models/{model}:streamGenerateContent?alt=sse"
+            content = call.content
+        elif call.operation is Operation.EMBED:
+            url = f"{publisher}/google/models/{model}:predict"
             content = call.content
         elif call.operation is Operation.MESSAGES:
             url = f"{publisher}/anthropic/models/{model}:streamRawPredict"
@@ -145,7 +152,7 @@ class VertexKind(ChannelKind):
             source.http = http
             request.headers["authorization"] = f"Bearer {await source.tokens.get()}"
 
-        headers = stream_headers(call)
+        headers = json_headers(call) if call.operation is Operation.EMBED else stream_headers(call)
         headers.pop("anthropic-version", None)  # the body names Vertex's own
         return UpstreamRequest(url, headers, content, authorize=authorize)
 

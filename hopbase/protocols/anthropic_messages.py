@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from channels_pool.kinds import Call, Operation
@@ -178,10 +179,10 @@ class Messages(Api):
         status, body = anthropic_error(error.kind, error.message)
         return status, dumps(body)
 
-    def model_entry(self, model: str) -> dict[str, Any]:
+    def model_entry(self, model: str, embeds: bool = False) -> dict[str, Any]:
         return {"type": "model", "id": model, "display_name": model, "created_at": "2025-01-01T00:00:00Z"}
 
-    def models_body(self, models: list[str]) -> bytes:
+    def models_body(self, models: list[str], embedding: Collection[str] = ()) -> bytes:
         return dumps(
             {
                 "data": [self.model_entry(m) for m in models],

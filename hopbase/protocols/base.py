@@ -10,6 +10,7 @@ error in this protocol's encoding. The relay talks only to these two.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 import orjson
@@ -46,6 +47,9 @@ class RequestFacts:
     affinity_key: str | None = None
     # Api-specific routing details (e.g. the Gemini API version and action).
     route: dict[str, str] = field(default_factory=dict)
+    # A request split for a channel that takes less at once (a batch of
+    # embeddings): each part's body, in order; empty: ``raw_body`` whole.
+    parts: tuple[bytes, ...] = ()
 
     @property
     def prompt_tokens_estimate(self) -> int:
@@ -158,17 +162,25 @@ class Api:
         (its kind then addresses it: channels_pool.kinds)."""
         raise NotImplementedError
 
+    def upstream_calls(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Call]:
+        """The calls this request is to a channel: one, or one per part."""
+        call = self.upstream_call(facts, client_headers)
+        if not facts.parts:
+            return [call]
+        return [replace(call, content=part) for part in facts.parts]
+
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
         return failure_from_status(status, retry_after=retry_after)
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         raise NotImplementedError
 
-    def model_entry(self, model: str) -> dict[str, Any]:
-        """One model as the SDK's model list and model lookup show it."""
+    def model_entry(self, model: str, embeds: bool = False) -> dict[str, Any]:
+        """One model as the SDK's model list and model lookup show it
+        (``embeds``: a model served for embeddings)."""
         raise NotImplementedError
 
-    def models_body(self, models: list[str]) -> bytes:
+    def models_body(self, models: list[str], embedding: Collection[str] = ()) -> bytes:
         raise NotImplementedError
 
     def new_watcher(self, facts: RequestFacts) -> StreamWatcher:

@@ -7,6 +7,7 @@ JSON-array stream form (no ``alt=sse``) get the same chunks framed as an array.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from channels_pool.kinds import Call, Operation
@@ -201,12 +202,9 @@ class Gemini(Api):
         status, body = gemini_error(error.kind, error.message)
         return status, dumps(body)
 
-    def model_entry(self, model: str) -> dict[str, Any]:
-        return {
-            "name": f"models/{model}",
-            "displayName": model,
-            "supportedGenerationMethods": ["generateContent", "streamGenerateContent"],
-        }
+    def model_entry(self, model: str, embeds: bool = False) -> dict[str, Any]:
+        methods = ["embedContent", "batchEmbedContents"] if embeds else ["generateContent", "streamGenerateContent"]
+        return {"name": f"models/{model}", "displayName": model, "supportedGenerationMethods": methods}
 
-    def models_body(self, models: list[str]) -> bytes:
-        return dumps({"models": [self.model_entry(m) for m in models]})
+    def models_body(self, models: list[str], embedding: Collection[str] = ()) -> bytes:
+        return dumps({"models": [self.model_entry(m, m in embedding) for m in models]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from channels_pool.kinds import Call, Operation
@@ -197,10 +198,10 @@ class OpenAIApi(Api):
         status, body = openai_error(error.kind, error.message, error.param)
         return status, dumps(body)
 
-    def model_entry(self, model: str) -> dict[str, Any]:
+    def model_entry(self, model: str, embeds: bool = False) -> dict[str, Any]:
         return {"id": model, "object": "model", "created": 0, "owned_by": "hopbase"}
 
-    def models_body(self, models: list[str]) -> bytes:
+    def models_body(self, models: list[str], embedding: Collection[str] = ()) -> bytes:
         return dumps({"object": "list", "data": [self.model_entry(m) for m in models]})
 
 

@@ -8,11 +8,25 @@ reads a channel's events and writes the client's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from core.errors import ErrorKind
 from core.sse import Event
 from core.usage import Usage
-from hopbase.protocols.base import RequestFacts
+from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
 from hopbase.translation.neutral import Piece
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One attempt's way to its channel: the Api that addresses the channel
+    (and reads its failures), the facts it is sent, and the watcher of its
+    answer (made fresh per attempt)."""
+
+    api: Api
+    facts: RequestFacts
+    new_watcher: Callable[[], StreamWatcher]
 
 
 class Reader:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from channels_pool.kinds import Operation
 from channels_pool.selection import ChannelInfo
 from core.errors import GatewayError
 from core.vocabulary import ApiName, WireProtocol
@@ -20,9 +21,10 @@ from hopbase.protocols import CHAT, CONVERSE, GEMINI, MESSAGES
 from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
 from hopbase.translation import anthropic_request, chat_request, converse_request, gemini_request, responses_request
 from hopbase.translation.anthropic_stream import AnthropicReader, AnthropicWriter
-from hopbase.translation.base import Reader, Writer
+from hopbase.translation.base import Leg, Reader, Writer
 from hopbase.translation.chat_stream import ChatReader, ChatWriter
 from hopbase.translation.converse_stream import ConverseReader
+from hopbase.translation.embeddings import EmbeddingLegs
 from hopbase.translation.gemini_stream import GeminiReader, GeminiWriter
 from hopbase.translation.neutral import CannotServe, Conversation
 from hopbase.translation.responses_stream import ResponsesWriter
@@ -63,17 +65,6 @@ CHANNEL_SIDES: dict[str, ChannelSide] = {
 ALL_WIRES = frozenset(CHANNEL_SIDES)
 
 
-@dataclass(frozen=True)
-class Leg:
-    """One attempt's way to its channel: the Api that addresses the channel
-    (and reads its failures), the facts it is sent, and the watcher of its
-    answer (made fresh per attempt)."""
-
-    api: Api
-    facts: RequestFacts
-    new_watcher: Callable[[], StreamWatcher]
-
-
 class Legs:
     """The legs of one request (its neutral form decoded, and its own
     protocol's form cleaned, at most once)."""
@@ -84,6 +75,11 @@ class Legs:
         self.request_id = request_id
         self._decoded: Conversation | None = None
         self._unsealed: RequestFacts | None = None
+
+    @staticmethod
+    def grammar(channel: ChannelInfo, model: str) -> str | None:
+        """The grammar ``channel`` would be reached in (``wires()`` holds those that may serve)."""
+        return channel.grammar(model)
 
     def wires(self) -> frozenset[str]:
         """The channel protocols that may serve this request."""
@@ -128,3 +124,10 @@ class Legs:
         if self._decoded is None:
             self._decoded = DECODERS[self.api.name](self.facts)
         return self._decoded
+
+
+def legs_for(api: Api, facts: RequestFacts, request_id: str) -> Legs | EmbeddingLegs:
+    """The legs of one request: a generation's, or an embeddings request's."""
+    if api.operation is Operation.EMBED:
+        return EmbeddingLegs(api, facts, request_id)
+    return Legs(api, facts, request_id)
