@@ -94,6 +94,18 @@ def cloud_rows(tgt: dict) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+def embedding_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
+    """Embeddings (issue 27) against the bare relay, a 1,536-number answer each."""
+    floor = found["floor float"]
+    rows = []
+    for leg, what, goal in (("gateway float", "floats passed through (openai channel)", "≤ 2× floor"),
+                            ("gateway base64", "base64 passed through, never decoded", "≤ 2× floor"),
+                            ("gateway translated", "translated from Vertex :predict", "—")):
+        rows.append((f"CPU per embeddings request: {what}", f"{per(floor) * 1e3:.2f} ms (bare relay, floats)",
+                     f"{per(found[leg]) * 1e3:.2f} ms", ratio(found[leg], floor), goal))
+    return rows
+
+
 def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) -> str:
     """One table: each target of issue 13, its floor, today's figure, the ratio."""
     rows: list[tuple[str, str, str, str, str]] = []
@@ -127,6 +139,7 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
         rows.append(("CPU per translated stream (chat client, anthropic channel)", "—",
                      f"n/a (gateway answered {-tgt['translated_events']})", "—", "—"))
     rows += cloud_rows(tgt)
+    rows += embedding_rows(tgt["embeddings"])
     served = tgt["serve"]
     daphne_alone, alone, two = per(served["gateway"]), per(served["serve1"]), per(served["serve"])
     shares = sorted(served["serve"]["per_pid"].values())
@@ -166,7 +179,8 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     errors = [f"{key}/{name}: {dict(samples.errors)}" for key in ("whole_serial", "chat_stream_serial", "whole_raw")
               for name, samples in res[key].items() if samples.errors]
-    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation", "clouds", "paced") if tgt.get(key)}
+    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation", "clouds", "paced", "embeddings")
+                if tgt.get(key)}
     errors += [f"{key}/{name}: {dict(t['errors'])}" for key, targets in measured.items()
                for name, t in targets.items() if t["errors"]]
     if "open" in tgt and tgt["open"]["errors"]:

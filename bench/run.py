@@ -61,7 +61,10 @@ serve --workers 2`` on the same database. Then it measures:
    passed through; then CPU per event of a paced stream (``[sim pace=…]``:
    each event a read of its own, as from a provider generating them), the
    Bedrock channel's event stream against the Anthropic channel's SSE;
-6. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
+6. CPU per embeddings request (a 1,536-number vector): the bare relay
+   against the gateway passing an OpenAI channel's floats and its base64
+   through, and translating a Vertex ``:predict`` answer into floats;
+7. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
    once, how many of the upstream requests the simulator saw hung up on.
@@ -69,7 +72,7 @@ serve --workers 2`` on the same database. Then it measures:
    upstream pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``) is raised to fit.
 
 ``--py-spy PATH`` samples the gateway process with that py-spy binary (pip
-install it, it is not a project dependency) during measures 2-5 (in
+install it, it is not a project dependency) during measures 2-6 (in
 ``--gil`` mode, so idle threads and the rounds of other targets add few
 samples) and prints the hottest functions; the CPU figures of such a run
 include py-spy's sampling overhead. ``--keep`` keeps the temporary folder (database, process

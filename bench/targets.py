@@ -221,6 +221,48 @@ async def measure_clouds(args, gateway: Target, sim_url: str, pids: dict[str, li
     return out
 
 
+# Embeddings (issue 27): the demo's models, a 1,536-number vector each.
+EMBEDDING_LEGS = (("passed through", "text-embedding-3-small"), ("translated", "vertex-embedding"))
+EMBEDDING_DIMENSIONS = 1536
+EMBEDDING_INPUT = "The quick brown fox jumps over the lazy dog"
+
+
+def embedding_body(model: str, encoding: str) -> bytes:
+    return json.dumps({"model": model, "input": EMBEDDING_INPUT, "dimensions": EMBEDDING_DIMENSIONS,
+                       "encoding_format": encoding}).encode()
+
+
+async def measure_embeddings(args, gateway: Target, floor: Target, sim_url: str, pids: dict[str, list[int]]) -> dict:
+    """CPU per embeddings request, a 1,536-number answer: the bare relay
+    against the gateway passing an OpenAI channel's floats and its base64
+    through, and translating a Vertex ``:predict`` answer into floats."""
+    c = args.concurrency
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT, trust_env=False) as client:
+
+        def one_of(body: bytes) -> One:
+            async def one(t: Target, s: Samples) -> None:
+                started = time.perf_counter()
+                response = await client.post(t.base + "/v1/embeddings", content=body, headers=t.chat_headers)
+                if response.status_code == 200:
+                    s.latency.append(time.perf_counter() - started)
+                else:
+                    s.errors[f"HTTP {response.status_code}"] += 1
+            return one
+
+        passed, translated = (model for _, model in EMBEDDING_LEGS)
+        legs = [("floor float", floor, one_of(embedding_body(passed, "float"))),
+                ("gateway float", gateway, one_of(embedding_body(passed, "float"))),
+                ("gateway base64", gateway, one_of(embedding_body(passed, "base64"))),
+                ("gateway translated", gateway, one_of(embedding_body(translated, "float")))]
+        targets, leg_pids, one = named_legs(legs, pids)
+        await interleaved(targets, 20, c, one)  # warm-up: connections, a Vertex token
+        log(f"CPU per embeddings request ({EMBEDDING_DIMENSIONS} dimensions): " + ", ".join(name for name, *_ in legs))
+        found = await cpu_rounds(targets, leg_pids, args.requests, c, one)
+        await client.delete(sim_url + "/_sim/records")
+    return found
+
+
 def serve_workers(serve_pid: int) -> list[int]:
     with open(f"/proc/{serve_pid}/task/{serve_pid}/children") as f:
         return [int(pid) for pid in f.read().split()]
@@ -359,6 +401,7 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             out["translation"] = await cpu_rounds(targets, leg_pids, args.streams, c, one)
             await client.delete(sim_url + "/_sim/records")
     out.update(await measure_clouds(args, gateway, sim_url, pids))
+    out["embeddings"] = await measure_embeddings(args, gateway, floor, sim_url, pids)
     if args.open_streams:
         out["open"] = await open_streams(args.open_streams, served, sim_url, pids["serve"])
     return out

@@ -51,7 +51,8 @@ def test_the_demo_serves_one_channel_of_each_cloud_kind(gateway, simulator):
     secret = re.search(r"\bhb-[\w-]+", printed).group(0)
     public_models = [public for models in CLOUD_MODELS.values() for public in models]
     assert all(f'"{model}"' in printed for model in public_models)
-    channels = {c.protocol: c for c in Channel.objects.filter(protocol__in=CLOUD_MODELS)}
+    # The demo's own (the test world has cloud channels of its own).
+    channels = {c.protocol: c for c in Channel.objects.filter(protocol__in=CLOUD_MODELS, name__startswith="demo-")}
     assert set(channels) == {"azure", "bedrock", "vertex"}
     for channel in channels.values():
         channel.clean()  # as its kind checks it: region, project and location, the key's shape
@@ -74,7 +75,15 @@ def test_the_demo_serves_one_channel_of_each_cloud_kind(gateway, simulator):
         answer = gem.models.generate_content(model="vertex-gemini", contents="hello [sim tokens=3]")
         return answer.text, answer.sdk_http_response.headers["x-hopbase-request-id"]
 
+    def embed(model: str) -> tuple[str, str]:
+        raw = oai.embeddings.with_raw_response.create(model=model, input=["hello", "world"])
+        vectors = [item.embedding for item in raw.parse().data]
+        return f"{len(vectors)} vectors" if len(vectors) == 2 and vectors[0] != vectors[1] else "", \
+            raw.headers["x-hopbase-request-id"]
+
     calls = {"azure-gpt-4o": ("demo-azure", azure),
+             "bedrock-titan-embed": ("demo-bedrock", lambda: embed("bedrock-titan-embed")),
+             "vertex-embedding": ("demo-vertex", lambda: embed("vertex-embedding")),
              "bedrock-claude": ("demo-bedrock", lambda: messages("bedrock-claude")),
              "bedrock-nova": ("demo-bedrock", lambda: messages("bedrock-nova")),
              "vertex-claude": ("demo-vertex", lambda: messages("vertex-claude")),

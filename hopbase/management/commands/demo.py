@@ -17,7 +17,7 @@ from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS
 from hopbase.models import ApiKey, Tenant
 
 DEMO_MODELS = {
-    "openai": ["gpt-4o-mini", "gpt-4.1"],
+    "openai": ["gpt-4o-mini", "gpt-4.1", "text-embedding-3-small"],
     "anthropic": ["claude-sonnet-5-5", "claude-haiku-5-5"],
     "gemini": ["gemini-2.5-flash"],
 }
@@ -35,15 +35,18 @@ FLAKY_PROTOCOL = "anthropic"
 AZURE_DEPLOYMENT = "demo-gpt-4o"
 BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 BEDROCK_CONVERSE_MODEL = "amazon.nova-pro-v1:0"
+BEDROCK_EMBEDDING_MODEL = "amazon.titan-embed-text-v2:0"
 BEDROCK_REGION = "us-east-1"
 VERTEX_PROJECT = "hopbase-sim"
 VERTEX_LOCATION = "global"
 VERTEX_GEMINI = "gemini-2.5-flash"
 VERTEX_CLAUDE = "claude-sonnet-4-5@20250929"
+VERTEX_EMBEDDING = "text-embedding-005"
 CLOUD_MODELS = {
     "azure": {"azure-gpt-4o": AZURE_DEPLOYMENT},
-    "bedrock": {"bedrock-claude": BEDROCK_MODEL, "bedrock-nova": BEDROCK_CONVERSE_MODEL},
-    "vertex": {"vertex-gemini": VERTEX_GEMINI, "vertex-claude": VERTEX_CLAUDE},
+    "bedrock": {"bedrock-claude": BEDROCK_MODEL, "bedrock-nova": BEDROCK_CONVERSE_MODEL,
+                "bedrock-titan-embed": BEDROCK_EMBEDDING_MODEL},
+    "vertex": {"vertex-gemini": VERTEX_GEMINI, "vertex-claude": VERTEX_CLAUDE, "vertex-embedding": VERTEX_EMBEDDING},
 }
 DEMO_PRICE = {"input": Decimal("1.00"), "output": Decimal("4.00"), "read": Decimal("0.10"), "write": Decimal("1.25")}
 
@@ -75,6 +78,10 @@ Any SDK reaches any model: ask the OpenAI SDK for "claude-sonnet-5-5" (an
 Anthropic channel, translated both ways) or the Anthropic SDK for
 "gpt-4o-mini".
 
+Embeddings: client.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
+with the OpenAI SDK, or client.models.embed_content(model="text-embedding-3-small",
+contents=["a", "b"]) with the Google GenAI SDK.
+
 Cloud channels, one of each kind on the same simulator (any SDK reaches
 each of them, as above):
     "azure-gpt-4o"    Azure OpenAI, deployment {azure_deployment} (api-key, default api-version)
@@ -83,6 +90,7 @@ each of them, as above):
     "bedrock-nova"    Amazon Bedrock, {bedrock_converse_model} (the Converse API, translated)
     "vertex-gemini"   Vertex AI, {vertex_gemini} in {vertex_location} (a service-account key)
     "vertex-claude"   Vertex AI, {vertex_claude} (the same key)
+    "bedrock-titan-embed", "vertex-embedding"   embeddings on Bedrock (Titan) and Vertex (:predict)
 e.g. the Anthropic SDK above with model="bedrock-claude" or "vertex-claude".
 
 Watch failover: ask for model "{failover}" with any SDK. Its first channel
