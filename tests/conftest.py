@@ -9,6 +9,7 @@ their committed rows cannot surprise the unit tests.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -21,6 +22,7 @@ pytest.register_assert_rewrite(
     "tests.protocol_checks", "tests.command_checks", "tests.settlement_checks", "tests.relay_checks", "tests.relay_fakes"
 )
 
+from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from hopbase import collector  # noqa: E402
 from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
 
@@ -97,6 +99,60 @@ TRANSLATED: dict[str, list[tuple[str, str, str, int, str]]] = {
     "via-failover": [("anthropic", "bad", "status=529", 10, "claude-upstream"),
                      ("gemini", "good", "ok", 0, "gemini-upstream")],
 }
+
+
+# Cloud channels (rules C1–C5) on the simulator, in TRANSLATED's shape:
+# public model -> [(channel kind, suffix, directives, priority, upstream name)].
+# A cloud channel's directives ride on its credential (cloud_secret), so
+# each misbehaves in one way for every request; a vendor route beside one
+# is a channel of that vendor's own API, for failover across kinds.
+BEDROCK_CLAUDE = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"  # an inference profile, colon and all
+VERTEX_GEMINI = "gemini-2.5-flash"
+VERTEX_CLAUDE = "claude-sonnet-4-5@20250929"
+AZURE_DEPLOYMENT = "gpt-4o-deployment"
+CLOUD_SETTINGS = {"azure": {}, "bedrock": {"region": "us-east-1"},
+                  "vertex": {"project": "hopbase-sim", "location": "us-east5"}}
+CLOUDS: dict[str, list[tuple[str, str, str, int, str]]] = {
+    "cloud-azure": [("azure", "main", "ok", 0, AZURE_DEPLOYMENT)],
+    # A content-filter refusal is the request's fault: never the next channel's turn.
+    "cloud-azure-filter": [("azure", "strict", "ok", 10, AZURE_DEPLOYMENT),
+                           ("openai", "never", "ok", 0, "gpt-upstream")],
+    # Fails after its filter-only chunk: that chunk must not have ended the hold.
+    "cloud-azure-failover": [("azure", "bad", "error_after_preamble=overloaded", 10, AZURE_DEPLOYMENT),
+                             ("openai", "good", "ok", 0, "gpt-upstream")],
+    "cloud-bedrock": [("bedrock", "main", "ok", 0, BEDROCK_CLAUDE)],
+    "cloud-bedrock-busy": [("bedrock", "bad", "status=429,reason=ThrottlingException", 10, BEDROCK_CLAUDE),
+                           ("anthropic", "good", "ok", 0, "claude-upstream")],
+    "cloud-bedrock-throttled": [("bedrock", "bad", "exception_after=0,exception=throttlingException", 10,
+                                 BEDROCK_CLAUDE),
+                                ("anthropic", "good", "ok", 0, "claude-upstream")],
+    "cloud-vendor-then-bedrock": [("anthropic", "bad", "status=529", 10, "claude-upstream"),
+                                  ("bedrock", "good", "ok", 0, BEDROCK_CLAUDE)],
+    "cloud-vertex-gemini": [("vertex", "main", "ok", 0, VERTEX_GEMINI)],
+    "cloud-vertex-claude": [("vertex", "main", "ok", 0, VERTEX_CLAUDE)],
+    # A service account of its own, used by one test only: its exchanges are countable.
+    "cloud-vertex-burst": [("vertex", "main", "account=burst", 0, VERTEX_GEMINI)],
+    # The token endpoint refuses the key (invalid_grant, as for a deleted or disabled key).
+    "cloud-vertex-refused": [("vertex", "bad", "token_status=400", 10, VERTEX_GEMINI),
+                             ("gemini", "good", "ok", 0, "gemini-upstream")],
+    "cloud-vertex-refused-alone": [("vertex", "bad", "token_status=400", 0, VERTEX_GEMINI)],
+    "cloud-vendor-then-vertex": [("gemini", "bad", "status=503", 10, "gemini-upstream"),
+                                 ("vertex", "good", "ok", 0, VERTEX_GEMINI)],
+    # A healthy Vertex channel first: one whose token the cloud stops taking fails over, then exchanges anew.
+    "cloud-vertex-first": [("vertex", "main", "ok", 10, VERTEX_GEMINI), ("gemini", "good", "ok", 0, "gemini-upstream")],
+    # A model Bedrock serves through Converse, translated for every client API.
+    "via-converse": [("bedrock", "main", "ok", 0, "amazon.nova-pro-v1:0")],
+}
+
+
+def cloud_secret(kind: str, directives: str, simulator: Service) -> str:
+    """A cloud channel's credential for the simulator, carrying its directives."""
+    pairs = "" if directives == "ok" else directives
+    if kind == "bedrock":  # a key pair, the directives in its session token
+        return f"{SIM_AWS_ACCESS_KEY_ID}:{SIM_AWS_SECRET_ACCESS_KEY}" + (f":sim:{pairs}" if pairs else "")
+    if kind == "vertex":  # a service-account key, the directives in its client_email
+        return json.dumps(vertex_service_account(simulator.url, pairs))
+    return f"sim:{pairs}" if pairs else "azure-upstream-secret"
 
 
 def channel_secret(protocol: str, directives: str) -> str:
@@ -230,6 +286,21 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
                     secret=channel_secret(protocol, directives), served_models=[f"{model}={upstream}"],
                     priority=priority,
                 ).pk
+        for model, routes in CLOUDS.items():
+            ModelPrice.objects.create(model=model, input_usd_per_mtok=Decimal("3"), output_usd_per_mtok=Decimal("15"),
+                                      cache_read_usd_per_mtok=Decimal("0.3"), cache_write_usd_per_mtok=Decimal("3.75"))
+            for kind, suffix, directives, priority, upstream in routes:
+                name = f"{kind}-{model}-{suffix}"
+                cloud = kind in CLOUD_SETTINGS
+                channel = Channel(
+                    name=name, protocol=kind, served_models=[f"{model}={upstream}"], priority=priority,
+                    base_url=simulator.url if cloud else channel_base_url(kind, simulator, suffix),
+                    secret=cloud_secret(kind, directives, simulator) if cloud else channel_secret(kind, directives),
+                    **CLOUD_SETTINGS.get(kind, {}),
+                )
+                channel.full_clean()  # as an operator's channel is checked: its kind's settings and key
+                channel.save()
+                built.channels[name] = channel.pk
         # One channel that takes one request at a time (F8).
         ModelPrice.objects.create(model="narrow-model", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("1"))
         narrow = Channel.objects.create(
