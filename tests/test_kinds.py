@@ -73,6 +73,24 @@ def test_a_frame_with_a_bad_checksum_or_a_stream_ending_inside_a_frame_is_a_brok
         splitter.finish()
 
 
+def test_frames_read_before_a_bad_checksum_are_handed_on_and_the_stream_is_cut_after_them():
+    """The frames ahead of a corrupt one in the same read were whole and
+    checked: their events go on (a token already generated is not lost, nor
+    a first token taken for a failure before it), and the stream is cut at
+    the next read or at its end."""
+    good = chunk({"type": "message_start", "message": {"usage": {"input_tokens": 3}}}) + chunk(
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi"}})
+    bad = frame({":event-type": "chunk", ":message-type": "event"}, b"{}", corrupt=True)
+    splitter = AnthropicFrames()
+    assert [e.name for e in splitter.feed(good + bad)] == ["message_start", "content_block_delta"]
+    with pytest.raises(BrokenStream):
+        splitter.finish()
+    again = AnthropicFrames()
+    again.feed(good + bad)
+    with pytest.raises(BrokenStream):
+        again.feed(chunk({"type": "message_stop"}))  # nothing after the corrupt frame is read
+
+
 def test_bedrock_signs_with_sigv4_and_sends_anthropic_models_the_bedrock_envelope():
     bedrock = channel("bedrock", secret="AKIDEXAMPLE:secret", region="us-east-1")
     body = {"model": "anthropic.claude-x-v1:0", "stream": True, "max_tokens": 5, "messages": []}

@@ -14,7 +14,9 @@ an SSE-shaped ``Event`` in the grammar the channel speaks:
   says it is throttling or unavailable, ``api_error`` otherwise).
 
 A frame whose checksum or lengths are wrong cannot be read past: the stream
-is cut there (``BrokenStream``), never a crash.
+is cut there (``BrokenStream``), never a crash. Frames read ahead of it are
+whole and checked, and their events are handed on first; the cut then comes
+with the next read, or the stream's end.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ class FrameSplitter:
     def __init__(self) -> None:
         self._buffer = EventStreamBuffer()
         self._pending = 0
+        self._broken = ""  # why the stream cannot be read on, once a frame could not be
 
     @property
     def pending_size(self) -> int:
         return self._pending
 
     def feed(self, chunk: bytes) -> list[Event]:
+        if self._broken:
+            raise BrokenStream(self._broken)
         self._buffer.add_data(chunk)
         self._pending += len(chunk)
         events: list[Event] = []
@@ -61,10 +66,14 @@ class FrameSplitter:
                 if event is not None:
                     events.append(event)
         except ParserError as error:
-            raise BrokenStream(f"unreadable event-stream frame: {type(error).__name__}") from None
+            self._broken = f"unreadable event-stream frame: {type(error).__name__}"
+            if not events:
+                raise BrokenStream(self._broken) from None
         return events
 
     def finish(self) -> list[Event]:
+        if self._broken:
+            raise BrokenStream(self._broken)
         if self._pending:
             raise BrokenStream(f"the event stream ended inside a frame ({self._pending} bytes)")
         return []
