@@ -61,7 +61,11 @@ class ChatWatcher(StreamWatcher):
         super().__init__(facts)
         options = facts.body.get("stream_options")
         self.client_wants_usage = facts.stream and isinstance(options, dict) and options.get("include_usage") is True
+        # The chunk a whole answer takes its id, created, model and fingerprint
+        # from: the first with choices. Azure opens its streams with a
+        # filter-only chunk (no choices, empty id and model), kept only until then.
         self.first: dict[str, Any] | None = None
+        self._first_pending = True
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage_obj: dict[str, Any] | None = None
 
@@ -74,13 +78,14 @@ class ChatWatcher(StreamWatcher):
         if "error" in chunk:
             self.busy_error = openai_error_is_busy(chunk["error"])
             return Mark.ERROR
-        if self.first is None:
-            self.first = chunk
         mark = Mark.PREAMBLE
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage)
         choices = chunk.get("choices")
+        if self._first_pending and (choices or self.first is None):
+            self.first = chunk
+            self._first_pending = not choices
         if not choices:
             return Mark.DROP if usage and not self.client_wants_usage else mark
         for choice in choices:
