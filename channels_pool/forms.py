@@ -76,10 +76,12 @@ class ChannelForm(forms.ModelForm):
         kind = KINDS.get(cleaned.get("protocol") or "")
         if kind is not None:
             # The rows the page hid for this kind may still hold what was
-            # typed before the kind was changed: not this kind's to keep.
+            # typed before the kind was changed: not this kind's to keep,
+            # nor to refuse the form for (an error on a hidden row).
             for name in SETTINGS:
                 if name not in kind.settings:
                     cleaned[name] = ""
+                    self._errors.pop(name, None)
         if self.instance.pk is None or cleaned.get("secret"):
             if cleaned.get("clear_secret"):
                 self.add_error("clear_secret", "Either type a new key or remove the stored one, not both.")

@@ -4,6 +4,11 @@ authorizes it, an ``Attempt`` reads it over the gateway's own HTTP client),
 and what came of it: the HTTP status, the latency and, for the operator
 only, the provider's own words.
 
+An answer is read to its end: a provider that answers 200 and then reports
+an error inside the stream (an ``overloaded_error`` event, a Bedrock
+exception frame), or stops before its grammar's end marker, has failed the
+test as it would fail a client's request, and its own words are shown.
+
 A probe is the operator's, not a tenant's: it writes no request log, no
 charge, and nothing of the channel's health (a failing test must not trip a
 breaker that real traffic would not).
@@ -24,6 +29,7 @@ from channels_pool.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
 from channels_pool.models import Channel
 from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
+from core.sse import Event
 from core.vocabulary import WireProtocol
 
 PROMPT = "Reply with OK."
@@ -32,11 +38,15 @@ TIMEOUT = 30.0  # seconds for the whole answer
 GEMINI_API_VERSION = "v1beta"
 # Shown where a piece of the channel's credential was, should a provider echo one back.
 MASK = "••••"
-# Shorter pieces of a credential are not looked for: they would match ordinary words.
+# Shorter pieces of a credential (an AWS session token's parts, say) are not
+# looked for: they would match ordinary words. The whole secret always is.
 MIN_MASKED = 8
 # What the operator is told for failures that carry no provider text.
 NO_ANSWER = {"connect": "could not connect to the channel", "timeout": "the connection timed out",
              "cut": "the channel cut the answer short", "internal": "the answer could not be read"}
+# The events that report a failure inside a stream: Anthropic's ``error``
+# (Bedrock's exception frames arrive as one too) and Converse's ``exception``.
+ERROR_EVENTS = frozenset(("error", "exception"))
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,9 @@ class ProbeResult:
 
     def summary(self) -> str:
         answer = f"HTTP {self.status}" if self.status is not None else "no answer"
-        text = f"{self.channel}: {answer} in {self.latency_ms} ms (model {self.model})"
+        # Not the name first: the admin capitalises a message's first letter,
+        # and channel names are told apart by case.
+        text = f"Channel {self.channel}: {answer} in {self.latency_ms} ms (model {self.model})"
         return text + (f": {self.error}" if self.error else ".")
 
 
@@ -110,27 +122,75 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
                       lambda status, body, retry_after: kind.failure(
                           channel, status, body, retry_after,
                           lambda s, b, r: failure_from_status(s, retry_after=r)))
+    grammar = kind.grammar(model)
+    ended = False  # the grammar's end marker arrived
     deadline = started + TIMEOUT
     try:
         while True:
             item = await attempt.next(deadline - loop.time())
-            if item is Signal.END:
-                return result(attempt.status)
-            if isinstance(item, UpstreamFailure):
+            if isinstance(item, Event):
+                if (error := stream_error(item)) is not None:
+                    return result(attempt.status, error)
+                ended = ended or is_end(grammar, item)
+            elif item is Signal.END:
+                return result(attempt.status, "" if ended else "the answer ended before its end marker")
+            elif isinstance(item, UpstreamFailure):
                 return result(item.status, item.detail or NO_ANSWER.get(item.kind, item.kind))
-            if item is Signal.TIMEOUT and loop.time() >= deadline:
+            elif item is Signal.TIMEOUT and loop.time() >= deadline:
                 return result(attempt.status, f"no complete answer within {TIMEOUT:.0f} s")
     finally:
         attempt.end()
 
 
+def stream_error(event: Event) -> str | None:
+    """The provider's words when ``event`` reports a failure inside a 200
+    answer (every grammar's error event or chunk), else None."""
+    data = event.json
+    if event.name in ERROR_EVENTS or (isinstance(data, dict) and "error" in data):
+        return event.data[:MAX_DETAIL] or event.name or "an error event"
+    return None
+
+
+def is_end(grammar: WireProtocol, event: Event) -> bool:
+    """Whether ``event`` is the last one of a whole answer in ``grammar``."""
+    if grammar == WireProtocol.OPENAI:
+        return event.data_bytes == b"[DONE]"
+    data = event.json
+    if grammar == WireProtocol.ANTHROPIC:
+        return (event.name or (data.get("type") if isinstance(data, dict) else None)) == "message_stop"
+    if grammar == WireProtocol.GEMINI:
+        candidates = data.get("candidates") if isinstance(data, dict) else None
+        return isinstance(candidates, list) and any(
+            isinstance(candidate, dict) and candidate.get("finishReason") for candidate in candidates)
+    return event.name == "metadata"  # Converse: usage, after messageStop
+
+
 def masked(text: str, secret: str) -> str:
     """``text`` with no piece of the channel's credential in it: a provider
-    may quote a refused key back (the parts of an AWS key pair included)."""
+    may quote a refused key back (the parts of an AWS key pair, a service
+    account's private key or its id included)."""
     if not secret:
         return text
-    pieces = {secret} if secret.lstrip().startswith("{") else {secret, *secret.split(":")}
+    pieces = credential_pieces(secret)
     for piece in sorted(pieces, key=len, reverse=True):
-        if len(piece) >= MIN_MASKED:
+        if piece == secret or len(piece) >= MIN_MASKED:
             text = text.replace(piece, MASK)
     return text
+
+
+def credential_pieces(secret: str) -> set[str]:
+    """The secret, and the parts of it a provider might quote on their own."""
+    if not secret.lstrip().startswith("{"):
+        return {secret, *secret.split(":")}
+    try:
+        info = orjson.loads(secret)
+    except orjson.JSONDecodeError:
+        return {secret}
+    pieces = {secret}
+    if isinstance(info, dict):
+        for name in ("private_key", "private_key_id"):
+            if isinstance(info.get(name), str) and info[name]:
+                pieces.add(info[name])
+                # A PEM key may be quoted a line at a time.
+                pieces.update(line for line in info[name].splitlines() if "-----" not in line)
+    return pieces

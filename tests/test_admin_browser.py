@@ -18,6 +18,7 @@ from billing.dashboard import MIN_DAYS_SHOWN
 from billing.exports import COLUMNS
 from billing.models import RequestLog
 from channels_pool.models import Channel, ChannelHealth
+from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY
 from hopbase.models import ApiKey
 from tests.browser import (
     column_visible,
@@ -158,6 +159,51 @@ def test_the_channel_list_shows_health_on_a_laptop_screen(browser):
     assert "upstream_5xx" in cells["openai-gpt-4o-mini-fallback-us"]
     assert "no record yet" in cells["anthropic-claude-new"]
     assert "sk-stored-secret-1" not in browser.page_source
+
+
+CHANNEL_SETTINGS = ("region", "project", "location", "api_version")
+
+
+def shown_rows(browser, names: tuple[str, ...]) -> set[str]:
+    return {name for name in names if browser.find_element("css selector", f".form-row.field-{name}").is_displayed()}
+
+
+def test_the_channel_form_shows_the_settings_of_the_chosen_kind(browser):
+    from selenium.webdriver.support.select import Select
+
+    browser.get(browser.admin_url + "channels_pool/channel/add/")
+    kind = Select(browser.find_element("name", "protocol"))
+    assert shown_rows(browser, CHANNEL_SETTINGS) == set()  # no kind chosen yet
+    for value, rows in [("bedrock", {"region"}), ("vertex", {"project", "location"}), ("azure", {"api_version"}),
+                        ("openai", set()), ("bedrock", {"region"}), ("anthropic", set()), ("gemini", set())]:
+        kind.select_by_value(value)
+        assert shown_rows(browser, CHANNEL_SETTINGS) == rows, value
+    # A stored key may be removed only where the kind needs none.
+    channel = make_channel("bedrock-browser", protocol="bedrock", region="eu-west-3",
+                           base_url="https://bedrock-runtime.eu-west-3.amazonaws.com", secret="ABSK-never-shown-0001")
+    browser.get(browser.admin_url + f"channels_pool/channel/{channel.pk}/change/")
+    assert shown_rows(browser, (*CHANNEL_SETTINGS, "clear_secret")) == {"region", "clear_secret"}
+    assert browser.find_element("name", "region").get_attribute("value") == "eu-west-3"
+    screenshot(browser, "channel-bedrock")
+    Select(browser.find_element("name", "protocol")).select_by_value("vertex")
+    assert shown_rows(browser, (*CHANNEL_SETTINGS, "clear_secret")) == {"project", "location"}
+    assert "ABSK-never-shown-0001" not in browser.page_source
+    assert console_errors(browser) == []
+
+
+def test_an_operator_tests_a_channel_from_its_page(browser, simulator):
+    channel = make_channel("bedrock-simulated", protocol="bedrock", region="us-east-1", base_url=simulator.url,
+                           secret=f"{SIM_AWS_ACCESS_KEY_ID}:{SIM_AWS_SECRET_ACCESS_KEY}",
+                           served_models=["nova=us.amazon.nova-pro-v1:0"])
+    browser.get(browser.admin_url + f"channels_pool/channel/{channel.pk}/change/")
+    browser.find_element("id", "test-channel").click()
+    message = wait_for(lambda: browser.find_elements("css selector", ".messagelist .success"),
+                       what="the test's message")[0].text
+    screenshot(browser, "channel-tested")
+    assert message.startswith("Channel bedrock-simulated: HTTP 200 in ") and "us.amazon.nova-pro-v1:0" in message
+    assert browser.current_url.endswith(f"/channels_pool/channel/{channel.pk}/change/")
+    assert SIM_AWS_SECRET_ACCESS_KEY not in browser.page_source
+    assert console_errors(browser) == []
 
 
 # The live server is WSGI, which reads the export's async stream whole (and

@@ -35,17 +35,26 @@ SETTING_FLAGS = {"region": "--region", "project": "--project", "location": "--lo
                  "api_version": "--api-version"}
 
 
+def a_channel(kind: str) -> str:
+    """'an openai channel', 'a bedrock channel'."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} channel"
+
+
 def read_key_file(path: str) -> str:
     """The key a file holds (a service-account JSON key, say), its trailing newline dropped."""
     try:
         with open(path, encoding="utf-8") as file:
-            # One character past the limit is enough to refuse it: a wrong
-            # path (a log, a device) is never read whole.
-            text = file.read(SECRET_MAX_LENGTH + 1)
+            # A wrong path (a log, a device) is never read whole; but what is
+            # read is all the file holds, or it is refused: a prefix cut at
+            # the limit could pass, once stripped, for a shorter key.
+            text = file.read(2 * SECRET_MAX_LENGTH)
+            more = file.read(1)
     except OSError as error:
         raise CommandError(f"--api-key-file: cannot read {path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise CommandError(f"--api-key-file: {path} is not UTF-8 text") from None
+    if more:
+        raise CommandError(f"--api-key-file is too long (at most {SECRET_MAX_LENGTH} characters)")
     return text.strip()
 
 
@@ -158,7 +167,7 @@ class Command(OperatorCommand):
         for field, flag in SETTING_FLAGS.items():
             value = options[field].strip()
             if value and field not in wanted:
-                raise CommandError(f"{flag} does not apply to a {protocol} channel")
+                raise CommandError(f"{flag} does not apply to {a_channel(protocol)}")
             max_length = Channel._meta.get_field(field).max_length
             if len(value) > max_length:
                 raise CommandError(f"{flag}: {value!r} is longer than {max_length} characters")
@@ -175,5 +184,5 @@ class Command(OperatorCommand):
             flag = key_flag if field == "secret" else SETTING_FLAGS.get(field, f"--{field.replace('_', '-')}")
             if not getattr(channel, field, None):
                 what = "--api-key (or --api-key-file)" if field == "secret" else flag
-                raise CommandError(f"{what} is required for a {channel.protocol} channel") from None
+                raise CommandError(f"{what} is required for {a_channel(channel.protocol)}") from None
             raise CommandError(f"{flag}: {' '.join(messages)}") from None
