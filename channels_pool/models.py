@@ -127,7 +127,8 @@ class Channel(models.Model):
         if kind is None:
             return  # the field's own choices report it
         if kind.secret_required and not self.secret:
-            raise ValidationError({"secret": f"a {self.protocol} channel needs a key"})
+            article = "An" if kind.name[0] in "aeiou" else "A"
+            raise ValidationError({"secret": f"{article} {kind.name} channel needs a key."})
         try:
             kind.check(self.base_url, self.secret, self.settings())
         except ConfigError as error:

@@ -162,7 +162,7 @@ def test_a_stored_bedrock_key_can_be_removed(admin_client):
 def test_a_key_the_kind_needs_cannot_be_removed(admin_client):
     channel = make_channel("openai-1", secret="sk-still-needed-0001")
     errors = errors_of(admin_client.post(change_url(channel), form_of(channel, clear_secret="on")))
-    assert errors == {"secret": ["a openai channel needs a key"]}
+    assert errors == {"secret": ["An openai channel needs a key."]}
     channel.refresh_from_db()
     assert channel.secret == "sk-still-needed-0001"
 
