@@ -17,7 +17,7 @@ breaker that real traffic would not).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from channels_pool.models import Channel
 from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import EmbeddingGrammar, WireProtocol
 
 PROMPT = "Reply with OK."
 MAX_TOKENS = 16  # enough for any model to answer at all (some refuse fewer), few enough to cost nothing
@@ -100,6 +100,27 @@ def probe_call(kind: ChannelKind, model: str) -> Call:
     return Call(Operation.CONVERSE, model, body, orjson.dumps(body))
 
 
+# The smallest embeddings request of each grammar (a model named for embeddings: ``embed`` in its name).
+EMBED_TEXT = "OK"
+EMBED_BODIES: dict[EmbeddingGrammar, Callable[[str], dict[str, Any]]] = {
+    EmbeddingGrammar.OPENAI: lambda model: {"model": model, "input": EMBED_TEXT},
+    EmbeddingGrammar.GEMINI: lambda model: {"requests": [{"model": f"models/{model}",
+                                                          "content": {"parts": [{"text": EMBED_TEXT}]}}]},
+    EmbeddingGrammar.VERTEX: lambda model: {"instances": [{"content": EMBED_TEXT}]},
+    EmbeddingGrammar.TITAN: lambda model: {"inputText": EMBED_TEXT},
+    EmbeddingGrammar.COHERE: lambda model: {"texts": [EMBED_TEXT], "input_type": "search_document"},
+}
+
+
+def embedding_call(kind: ChannelKind, model: str) -> Call | None:
+    """The smallest embeddings request for ``model``, if the channel serves it for embeddings."""
+    grammar = kind.embedding_grammar(model) if "embed" in model.lower() else None
+    if grammar is None:
+        return None
+    body = EMBED_BODIES[grammar](model)
+    return Call(Operation.EMBED, model, body, orjson.dumps(body), route={"version": GEMINI_API_VERSION})
+
+
 async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
     # A kind of its own, not the relay's shared one: the credentials are
     # tried as they are now (no token the relay holds answers for them), and
@@ -114,16 +135,18 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
         return ProbeResult(channel.name, model, status, latency, ok=status == 200 and not error,
                            error=masked(error, channel.secret)[:MAX_DETAIL])
 
+    embedding = embedding_call(kind, model)
     try:
-        request = kind.request(channel, probe_call(kind, model))
+        request = kind.request(channel, embedding or probe_call(kind, model))
     except ConfigError as error:  # settings the kind cannot use (saved before they were checked)
         return result(None, error.message)
     attempt = Attempt(http, channel, request,
                       lambda status, body, retry_after: kind.failure(
                           channel, status, body, retry_after,
-                          lambda s, b, r: failure_from_status(s, retry_after=r)))
+                          lambda s, b, r: failure_from_status(s, retry_after=r)),
+                      whole_body=embedding is not None)
     grammar = kind.grammar(model)
-    ended = False  # the grammar's end marker arrived
+    ended = False  # the grammar's end marker arrived (an embeddings answer is one whole body)
     deadline = started + TIMEOUT
     try:
         while True:
@@ -131,7 +154,7 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
             if isinstance(item, Event):
                 if (error := stream_error(item)) is not None:
                     return result(attempt.status, error)
-                ended = ended or is_end(grammar, item)
+                ended = ended or embedding is not None or is_end(grammar, item)
             elif item is Signal.END:
                 return result(attempt.status, "" if ended else "the answer ended before its end marker")
             elif isinstance(item, UpstreamFailure):

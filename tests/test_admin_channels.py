@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -263,6 +264,13 @@ def working(simulator) -> dict[str, tuple[str, str, str, dict[str, str]]]:
                           {"project": "hopbase-sim", "location": "europe-west4"}),
         "vertex-claude": ("vertex", vertex_key(simulator), "claude-sonnet-4-5@20250929",
                           {"project": "hopbase-sim", "location": "us-east5"}),
+        # Models served for embeddings are tested with an embeddings request.
+        "openai-embeddings": ("openai", "sk-working-0001", "text-embedding-3-small", {}),
+        "gemini-embeddings": ("gemini", "AIza-working-0001", "gemini-embedding-001", {}),
+        "vertex-embeddings": ("vertex", vertex_key(simulator), "text-embedding-005",
+                              {"project": "hopbase-sim", "location": "us-central1"}),
+        "bedrock-titan": ("bedrock", AWS_PAIR, "amazon.titan-embed-text-v2:0", {"region": "us-east-1"}),
+        "bedrock-cohere": ("bedrock", AWS_PAIR, "cohere.embed-english-v3", {"region": "us-east-1"}),
     }
 
 
@@ -273,7 +281,8 @@ def sim_channel(simulator, name: str, kind: str, secret: str, model: str, fields
 
 
 @pytest.mark.parametrize("case", ["openai", "anthropic", "gemini", "azure", "bedrock-converse", "bedrock-anthropic",
-                                  "bedrock-api-key", "vertex-gemini", "vertex-claude"])
+                                  "bedrock-api-key", "vertex-gemini", "vertex-claude", "openai-embeddings",
+                                  "gemini-embeddings", "vertex-embeddings", "bedrock-titan", "bedrock-cohere"])
 def test_a_working_channel_of_every_kind_tests_ok(admin_client, simulator, case):
     kind, secret, model, fields = working(simulator)[case]
     channel = sim_channel(simulator, f"{case}-ok", kind, secret, model, fields)
@@ -282,6 +291,9 @@ def test_a_working_channel_of_every_kind_tests_ok(admin_client, simulator, case)
     assert level == "success"
     assert re.fullmatch(rf"Channel {re.escape(channel.name)}: HTTP 200 in \d+ ms \(model {re.escape(upstream)}\)\.",
                         text)
+    if case.endswith(("embeddings", "titan", "cohere")):
+        asked = [r for r in httpx.get(f"{simulator.url}/_sim/records").json() if r["model"] == upstream][-1]
+        assert asked["protocol"].endswith("embeddings")  # an embeddings endpoint, not a chat one
 
 
 @pytest.mark.parametrize(
