@@ -140,6 +140,11 @@ CLOUDS: dict[str, list[tuple[str, str, str, int, str]]] = {
                                  ("vertex", "good", "ok", 0, VERTEX_GEMINI)],
     # A healthy Vertex channel first: one whose token the cloud stops taking fails over, then exchanges anew.
     "cloud-vertex-first": [("vertex", "main", "ok", 10, VERTEX_GEMINI), ("gemini", "good", "ok", 0, "gemini-upstream")],
+    # Claude slow to start on a cloud, a fast vendor channel next: F3 abandons the first after its limit.
+    "cloud-bedrock-slow": [("bedrock", "slow", "first_delay=2", 10, BEDROCK_CLAUDE),
+                           ("anthropic", "fast", "ok", 0, "claude-upstream")],
+    "cloud-vertex-slow": [("vertex", "slow", "first_delay=2", 10, VERTEX_CLAUDE),
+                          ("anthropic", "fast", "ok", 0, "claude-upstream")],
     # A model Bedrock serves through Converse, translated for every client API.
     "via-converse": [("bedrock", "main", "ok", 0, "amazon.nova-pro-v1:0")],
 }

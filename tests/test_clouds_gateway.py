@@ -521,6 +521,26 @@ def test_a_failing_channel_of_one_kind_fails_over_to_another_unseen(gateway, wor
     assert (log.input_tokens, log.output_tokens) == (words(text), 4)
 
 
+@pytest.mark.parametrize("model", [
+    pytest.param("cloud-bedrock-slow", marks=pytest.mark.xfail(strict=True, reason=(
+        "F3 is applied by the name the channel is sent starting with 'claude' (Api.slow_start_applies, "
+        "hopbase/protocols/base.py): Bedrock's Claude ids (us.anthropic.claude-…, anthropic.claude-…) never do"))),
+    "cloud-vertex-slow"])
+def test_claude_slow_to_start_on_a_cloud_is_abandoned_for_the_next_channel(gateway, world, simulator, model):
+    """F3 holds on the clouds unchanged (C1): a Claude model without thinking
+    that has not started within its limit (1 s here) is left for the next channel."""
+    tag = new_tag()
+    response = stream(gateway, "messages", world.key, model, prompt(tag, tokens=2))
+
+    assert response.status_code == 200 and stream_errors(response.content) == []
+    log = one_log(response.headers["x-hopbase-request-id"])
+    assert (log.status, log.attempts, log.channel_id) == ("completed", 2, world.channels[f"anthropic-{model}-fast"])
+    slow, fast = tagged(simulator, tag)
+    assert (kind_of(slow), kind_of(fast)) == (model.split("-")[1], "vendor")
+    # The slow channel was hung up on, not left to answer (the simulator notes it as it sees it).
+    wait_for(lambda: tagged(simulator, tag)[0]["client_closed_at"] is not None, timeout=5, what="the hang-up")
+
+
 def test_a_throttled_bedrock_channel_is_shown_to_operators_as_busy(gateway, world):
     response = post(gateway, "messages", world.key, "cloud-bedrock-busy", prompt(new_tag(), tokens=2))
     assert response.status_code == 200 and "Throttling" not in response.text
