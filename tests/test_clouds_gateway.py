@@ -522,10 +522,7 @@ def test_a_failing_channel_of_one_kind_fails_over_to_another_unseen(gateway, wor
 
 
 @pytest.mark.parametrize("model", [
-    pytest.param("cloud-bedrock-slow", marks=pytest.mark.xfail(strict=True, reason=(
-        "F3 is applied by the name the channel is sent starting with 'claude' (Api.slow_start_applies, "
-        "hopbase/protocols/base.py): Bedrock's Claude ids (us.anthropic.claude-…, anthropic.claude-…) never do"))),
-    "cloud-vertex-slow"])
+    "cloud-bedrock-slow", "cloud-vertex-slow"])
 def test_claude_slow_to_start_on_a_cloud_is_abandoned_for_the_next_channel(gateway, world, simulator, model):
     """F3 holds on the clouds unchanged (C1): a Claude model without thinking
     that has not started within its limit (1 s here) is left for the next channel."""

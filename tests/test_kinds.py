@@ -18,6 +18,7 @@ from channels_pool.kinds import KINDS, BrokenStream, Call, ConfigError, Operatio
 from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
 from channels_pool.kinds.refresh import Refreshed
 from channels_pool.selection import ChannelInfo
+from core.errors import failure_from_status
 
 
 def channel(kind: str, secret: str = "k", **settings: str) -> ChannelInfo:
@@ -116,6 +117,16 @@ def test_a_bedrock_api_key_is_a_bearer_and_other_models_speak_converse():
     request = bedrock.kind.request(bedrock, Call(Operation.CONVERSE, "amazon.nova-pro-v1:0", {}, b"{}"))
     assert request.headers["authorization"] == "Bearer ABSKexample"
     assert request.url.endswith("/model/amazon.nova-pro-v1%3A0/converse-stream")
+
+
+def test_a_bedrock_model_error_fails_over_where_a_bad_request_does_not():
+    bedrock = channel("bedrock", region="us-east-1")
+    model_failed = bedrock.kind.failure(bedrock, 424, b'{"message":"the model failed"}', None,
+                                        lambda status, body, retry_after: failure_from_status(status))
+    refused = bedrock.kind.failure(bedrock, 400, b'{"message":"bad input"}', None,
+                                   lambda status, body, retry_after: failure_from_status(status))
+    assert model_failed.channel_fault and not model_failed.busy
+    assert not refused.channel_fault
 
 
 def test_azure_addresses_the_deployment_with_its_api_version_and_api_key():

@@ -174,6 +174,9 @@ class BedrockKind(ChannelKind):
     ) -> UpstreamFailure:
         if status in (400, 424, 429) and any(name in body for name in BUSY_ERRORS):
             return UpstreamFailure(f"http_{status}", status, busy=True, retry_after=retry_after)
+        if status == 424:
+            # ModelErrorException: the model failed, not the request; another channel may serve it.
+            return UpstreamFailure(f"http_{status}", status, retry_after=retry_after)
         return grammar(status, body, retry_after)
 
     def check(self, base_url: str, secret: str, settings: Mapping[str, str]) -> None:

@@ -70,6 +70,11 @@ def forwarded_headers(client_headers: dict[str, str]) -> dict[str, str]:
     }
 
 
+def whole_number(value: Any) -> int | None:
+    """A positive integer the request gave, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def dumps(obj: Any) -> bytes:
     """Compact JSON, UTF-8 as it is (the providers' own style)."""
     return orjson.dumps(obj)
@@ -152,7 +157,10 @@ class Api:
     def slow_start_applies(self, model: str, facts: RequestFacts) -> bool:
         """F3: Claude models without extended thinking must start within a
         limit (``model`` is the name the channel is sent)."""
-        return model.startswith("claude") and not facts.thinking
+        # Bedrock names Claude by its vendor (anthropic.claude-…, or an
+        # inference profile: us.anthropic.claude-…).
+        claude = model.startswith("claude") or "anthropic.claude" in model
+        return claude and not facts.thinking
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         raise NotImplementedError
@@ -161,6 +169,10 @@ class Api:
         """What this request asks of a channel that speaks this API's grammar
         (its kind then addresses it: channels_pool.kinds)."""
         raise NotImplementedError
+
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        """The most output tokens the request allows, where it says (G2, G5)."""
+        return None
 
     def upstream_calls(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Call]:
         """The calls this request is to a channel: one, or one per part."""
