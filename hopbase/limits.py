@@ -47,7 +47,8 @@ WINDOW_SECONDS = 60
 LEASE_SECONDS = 300
 RENEW_SECONDS = 60
 SLOTS_PREFIX = "hopbase:slots:"
-# Releases waiting for Redis to answer again; past this the oldest are left to lapse.
+# Releases waiting for Redis to answer again; past this the oldest are left
+# to lapse (dropped from the queue, never the newest).
 MAX_PENDING_RELEASES = 10_000
 # While releases wait, how often Redis is asked again (the breaker decides
 # whether a call is even tried), and how long a drain waits for them.
@@ -149,7 +150,7 @@ class RedisCounters:
         self._clients = LoopRedis(url)
         self._pending: set[asyncio.Task] = set()
         self._held: dict[str, Held] = {}
-        self._releases: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING_RELEASES)
+        self._releases: deque[tuple[str, str]] = deque()  # oldest first, bounded by _let_oldest_lapse
         self._renewers: dict[int, asyncio.Task] = {}
         self._flushing = False
         self._retry_now: asyncio.Event | None = None
@@ -231,10 +232,16 @@ class RedisCounters:
 
     def _release(self, name: str, lease: str) -> None:
         self._releases.append((name, lease))
+        self._let_oldest_lapse()
         try:
             self._detach(self._flush_releases())
         except RuntimeError:
             pass  # no event loop here: the next Redis call flushes it
+
+    def _let_oldest_lapse(self) -> None:
+        """Not a bounded deque's maxlen: extendleft would drop the newest."""
+        while len(self._releases) > MAX_PENDING_RELEASES:
+            self._releases.popleft()  # its lease lapses within LEASE_SECONDS
 
     async def _flush_releases(self) -> None:
         """Remove the leases given back, retrying every RELEASE_RETRY_SECONDS
@@ -251,7 +258,8 @@ class RedisCounters:
                         pipe.zrem(SLOTS_PREFIX + name, lease)
                     await self._call(pipe.execute())
                 except STORE_ERRORS:
-                    self._releases.extendleft(reversed(batch))
+                    self._releases.extendleft(reversed(batch))  # older than those given back since
+                    self._let_oldest_lapse()
                     self._retry_now = asyncio.Event()
                     try:
                         await asyncio.wait_for(self._retry_now.wait(), RELEASE_RETRY_SECONDS)

@@ -271,6 +271,35 @@ def test_a_drain_hands_redis_the_releases_still_waiting(redis_proxy, monkeypatch
     assert slot_count(f"key:{key}") == 0
 
 
+def test_a_full_release_queue_lets_the_oldest_lapse_and_keeps_the_newest(redis_proxy, monkeypatch) -> None:
+    """Releases wait for Redis in a bounded queue. A batch Redis could not
+    take goes back in front of the releases given back meanwhile; when that
+    overfills the queue the oldest are dropped (their leases lapse anyway),
+    never the newest."""
+    monkeypatch.setattr(limits_module, "MAX_PENDING_RELEASES", 4)
+    monkeypatch.setattr(limits_module, "RELEASE_RETRY_SECONDS", 30)  # no second try during the test
+    counters = RedisCounters(through(redis_proxy))
+    released = [("key:1", f"lease-{i}") for i in range(7)]
+
+    async def scenario() -> list[tuple[str, str]]:
+        redis_proxy.silence()  # the flush's call hangs until its socket timeout
+        for name, lease in released[:4]:
+            counters._release(name, lease)
+        deadline = time.monotonic() + 5
+        while counters._releases:  # the flush took its batch and waits for Redis
+            assert time.monotonic() < deadline, "the flush never took its batch"
+            await asyncio.sleep(0.001)
+        assert counters._flushing
+        for name, lease in released[4:]:
+            counters._release(name, lease)  # given back while the batch is out
+        while counters._retry_now is None:  # the batch failed and was put back
+            assert time.monotonic() < deadline, "the flush never failed"
+            await asyncio.sleep(0.01)
+        return list(counters._releases)
+
+    assert asyncio.run(scenario()) == released[3:]
+
+
 BUSY_FOR = """
 local start = redis.call('TIME')
 local t0 = start[1] * 1000000 + start[2]
