@@ -1,5 +1,5 @@
 """Which tenants have run out of credit, for the hot path (auth -> *balance
-gate* -> relay).
+gate* -> relay). Budgets, which hold per period, are hopbase.spend's.
 
 A tenant whose ``balance_usd`` is zero or less is refused (table E, balance
 exhausted). The intake asks ``await balances.exhausted(tenant_id)``,
@@ -17,12 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.db.models import Sum
-from django.utils import timezone
-
-from billing.models import RequestLog
 from core.snapshots import Snapshot
-from hopbase.models import ApiKey, Tenant
+from hopbase.models import Tenant
 
 
 def load_exhausted_tenants() -> frozenset[int]:
@@ -45,40 +41,3 @@ class BalanceBook:
 
 
 balances = BalanceBook()
-
-
-def load_keys_over_limit() -> frozenset[int]:
-    """Ids of the keys whose settled charges this calendar month (UTC) have
-    reached their monthly limit (one query over the month's logs of keys
-    that have a limit)."""
-    now = timezone.now()
-    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    spent = (
-        RequestLog.objects.filter(
-            api_key__monthly_limit_usd__isnull=False, created_at__gte=month_start, charge_usd__isnull=False
-        )
-        .values("api_key_id", "api_key__monthly_limit_usd")
-        .annotate(spent=Sum("charge_usd"))
-    )
-    over = {row["api_key_id"] for row in spent if row["spent"] >= row["api_key__monthly_limit_usd"]}
-    # A limit of zero allows nothing, spent or not.
-    over.update(ApiKey.objects.filter(monthly_limit_usd__lte=0).values_list("pk", flat=True))
-    return frozenset(over)
-
-
-class KeySpendBook:
-    """Which keys are over their monthly spend limit, for the hot path.
-    Like balances, a stop and not a reservation: spend counts once settled,
-    and the set is trusted for HOPBASE_CONFIG_TTL seconds."""
-
-    def __init__(self, loader: Callable[[], frozenset[int]] = load_keys_over_limit) -> None:
-        self._snapshot: Snapshot[frozenset[int]] = Snapshot(loader)
-
-    async def over_limit(self, key_id: int) -> bool:
-        return key_id in await self._snapshot.get()
-
-    def clear(self) -> None:
-        self._snapshot.clear()
-
-
-key_spend = KeySpendBook()

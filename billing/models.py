@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_pool.models import Channel
+from core.encryption import EncryptedTextField
 from core.row_insert import insert_rows
 from core.vocabulary import RequestStatus
 from hopbase.models import ApiKey, Tenant
@@ -159,3 +160,92 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.amount_usd} {self.tenant_id}"
+
+
+class BudgetQuerySet(models.QuerySet):
+    def covering(self, tenant_id: int, key_id: int) -> BudgetQuerySet:
+        """The budgets a request of this key spends against: its tenant's and its own (G1)."""
+        return self.filter(Q(api_key__isnull=True) | Q(api_key_id=key_id), tenant_id=tenant_id)
+
+
+class Budget(models.Model):
+    """A USD budget per period on a tenant, or on one of its keys (G1).
+    One per scope and period; the alert threshold and webhook are G4's."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets",
+                                help_text="Empty: the whole tenant's budget")
+    period = models.CharField(max_length=16, help_text="1h, 1d, 1w, 1mo, total, or a number of seconds (30s)")
+    limit_usd = models.DecimalField(**USD)
+    alert_at_pct = models.PositiveSmallIntegerField(null=True, blank=True,
+                                                    help_text="Alert when this percent of the limit is spent")
+    webhook_url = models.URLField(max_length=500, blank=True)
+    # The HMAC key of the webhook's signature, shown once (setbudget); encrypted at rest.
+    webhook_secret = EncryptedTextField(blank=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = BudgetQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant__name", "api_key_id", "period"]
+        constraints = [
+            models.CheckConstraint(condition=Q(limit_usd__gte=0), name="budget_limit_not_negative"),
+            models.CheckConstraint(condition=Q(alert_at_pct__isnull=True)
+                                   | (Q(alert_at_pct__gte=1) & Q(alert_at_pct__lte=100)), name="budget_alert_pct_1_100"),
+            models.CheckConstraint(condition=~Q(period=""), name="budget_period_not_empty"),
+            models.UniqueConstraint(fields=["tenant", "period"], condition=Q(api_key__isnull=True),
+                                    name="budget_one_per_tenant_period"),
+            models.UniqueConstraint(fields=["api_key", "period"], condition=Q(api_key__isnull=False),
+                                    name="budget_one_per_key_period"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope_name} {self.period} budget of {self.limit_usd.normalize():f} USD"
+
+    @property
+    def scope(self) -> str:
+        return "tenant" if self.api_key_id is None else "key"
+
+    @property
+    def scope_name(self) -> str:
+        return f"key {self.api_key.prefix}" if self.api_key_id is not None else f"tenant {self.tenant.name}"
+
+
+class AlertType(models.TextChoices):
+    THRESHOLD = "budget.threshold"
+    EXHAUSTED = "budget.exhausted"
+
+
+class BudgetAlert(models.Model):
+    """One G4 event: at most one per budget, type and window (the
+    constraint), its body written once so every retry sends the same bytes."""
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    type = models.CharField(max_length=32, choices=AlertType.choices)
+    window_start = models.DateTimeField()
+    body = models.TextField(editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    delivered_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "type", "window_start"], name="budget_alert_once_per_window"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"
+
+
+class WebhookAttempt(models.Model):
+    """One delivery attempt of an alert, as the admin shows it."""
+
+    alert = models.ForeignKey(BudgetAlert, on_delete=models.CASCADE, related_name="attempts")
+    attempted_at = models.DateTimeField(default=timezone.now, editable=False)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # None: no answer
+    error = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-attempted_at"]

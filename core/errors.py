@@ -23,6 +23,8 @@ class ErrorKind(enum.Enum):
     MALFORMED = "malformed"
     TOO_LARGE = "too_large"
     BALANCE = "balance"
+    # A budget (G3) has no room for the request in its window.
+    BUDGET = "budget"
     RATE_LIMIT = "rate_limit"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNKNOWN_PATH = "unknown_path"
@@ -44,6 +46,7 @@ MESSAGES = {
     ErrorKind.INVALID_KEY: "Invalid API key.",
     ErrorKind.MODEL_NOT_FOUND: "The model does not exist or this key may not use it.",
     ErrorKind.BALANCE: "Your credit balance is too low to make this request. Please top up.",
+    ErrorKind.BUDGET: "A budget covering this API key is used up for now.",
     ErrorKind.RATE_LIMIT: "Rate limit reached for this API key. Please retry shortly.",
     ErrorKind.METHOD_NOT_ALLOWED: "Method not allowed.",
     ErrorKind.UNKNOWN_PATH: "Unknown request URL.",
@@ -61,7 +64,7 @@ UPSTREAM_REJECTED_MESSAGE = "The model provider rejected the request as invalid.
 CONTENT_FILTERED_MESSAGE = "The model provider's content filter refused the request."
 RETRY_AFTER_CAP = 60
 # Errors a retry cannot mend: clients are told so (``x-should-retry: false``).
-FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE}
+FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.BUDGET, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE}
 
 
 class GatewayError(Exception):

@@ -50,7 +50,7 @@ class Caller:
     allowed_models: frozenset[str]
     rpm: int | None
     concurrency: int | None
-    has_spend_limit: bool = False
+    tpm: int | None = None  # tokens per minute (G5)
     price_multiplier: Decimal = Decimal("1")
     expires_at: float | None = None  # Unix time after which the key is refused; None: never
 
@@ -99,7 +99,7 @@ def _load(secret: str) -> Caller | None:
         allowed_models=frozenset(key.allowed_models or ()),
         rpm=key.rpm,
         concurrency=key.concurrency,
-        has_spend_limit=key.monthly_limit_usd is not None,
+        tpm=key.tpm,
         price_multiplier=key.tenant.price_multiplier,
         expires_at=key.expires_at.timestamp() if key.expires_at is not None else None,
     )

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from billing.balances import balances, key_spend
+from billing.balances import balances
 from billing.pricing import prices
 from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
@@ -193,8 +193,6 @@ async def admit(caller: Caller, model: str) -> None:
         raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "The model is not available: it has no price yet.")
     if await balances.exhausted(caller.tenant_id):
         raise GatewayError(ErrorKind.BALANCE)
-    if caller.has_spend_limit and await key_spend.over_limit(caller.key_id):
-        raise GatewayError(ErrorKind.BALANCE, "This API key has reached its monthly spend limit.")
 
 
 def parse_facts(api: Api, body: Any, raw: bytes, route: dict[str, str]) -> RequestFacts:

@@ -79,13 +79,8 @@ class ApiKey(models.Model):
     allowed_models = models.JSONField(default=list, blank=True)
     rpm = models.PositiveIntegerField(null=True, blank=True, help_text="Requests per minute; empty = no limit")
     concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Open requests; empty = no limit")
-    monthly_limit_usd = models.DecimalField(
-        max_digits=20,
-        decimal_places=10,
-        null=True,
-        blank=True,
-        help_text="Spend per calendar month (UTC) after which the key is refused; empty = no limit",
-    )
+    tpm = models.PositiveIntegerField(null=True, blank=True,
+                                      help_text="Input and output tokens per sliding minute; empty = no limit")
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="After this moment the key is refused like a revoked one; empty = never"
     )
@@ -103,11 +98,8 @@ class ApiKey(models.Model):
             models.CheckConstraint(
                 condition=Q(concurrency__isnull=True) | Q(concurrency__gt=0), name="apikey_concurrency_positive"
             ),
+            models.CheckConstraint(condition=Q(tpm__isnull=True) | Q(tpm__gt=0), name="apikey_tpm_positive"),
             models.CheckConstraint(condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="apikey_hash_is_sha256"),
-            models.CheckConstraint(
-                condition=Q(monthly_limit_usd__isnull=True) | Q(monthly_limit_usd__gte=0),
-                name="apikey_monthly_limit_not_negative",
-            ),
         ]
 
     def __str__(self) -> str:

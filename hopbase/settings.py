@@ -227,6 +227,12 @@ HOPBASE_FIRST_TOKEN_PER_10K = env_seconds("HOPBASE_FIRST_TOKEN_PER_10K", 1)
 HOPBASE_HOLD_MAX = env_seconds("HOPBASE_HOLD_MAX", 15)
 HOPBASE_STALL_TIMEOUT = env_seconds("HOPBASE_STALL_TIMEOUT", 180)
 HOPBASE_CAPACITY_WAIT = env_seconds("HOPBASE_CAPACITY_WAIT", 5)
+# How long a request's budget reservation holds unless its process renews
+# it (G2): a killed process's reservations free their budgets within this.
+HOPBASE_RESERVATION_LEASE = env_seconds("HOPBASE_RESERVATION_LEASE", 300)
+# What a request that names no output limit is assumed to write at most, for
+# its budget reservation and TPM count (G2, G5).
+HOPBASE_DEFAULT_OUTPUT_CAP = env_int("HOPBASE_DEFAULT_OUTPUT_CAP", 4096, minimum=1)
 # On SIGTERM, the longest wait for requests in flight before they are ended (D1).
 HOPBASE_DRAIN_TIMEOUT = env_seconds("HOPBASE_DRAIN_TIMEOUT", 30)
 # Gateway limits and caches of our own.
@@ -260,6 +266,13 @@ HOPBASE_MAX_UNSENT_BYTES = env_int("HOPBASE_MAX_UNSENT_BYTES", 4 * 1024 * 1024, 
 HOPBASE_BREAKER_FAILURES = env_int("HOPBASE_BREAKER_FAILURES", 3, minimum=1)
 HOPBASE_BREAKER_COOLDOWN = env_seconds("HOPBASE_BREAKER_COOLDOWN", 5)
 HOPBASE_BREAKER_MAX_COOLDOWN = env_seconds("HOPBASE_BREAKER_MAX_COOLDOWN", 300)
+# Budget alert webhooks (G4, billing.alerts): the deadline of one delivery
+# attempt, the delay before the first retry (doubled after each failure, at
+# most 10 minutes), and the retries before an undelivered alert is given up
+# (10: about 40 minutes of trying at the defaults).
+HOPBASE_WEBHOOK_TIMEOUT = env_seconds("HOPBASE_WEBHOOK_TIMEOUT", 5)
+HOPBASE_WEBHOOK_RETRY_BASE = env_seconds("HOPBASE_WEBHOOK_RETRY_BASE", 5)
+HOPBASE_WEBHOOK_MAX_RETRIES = env_int("HOPBASE_WEBHOOK_MAX_RETRIES", 10)
 
 INSTALLED_APPS = [
     "daphne",

@@ -18,6 +18,7 @@ from hopbase.protocols.base import (
     dumps,
     forwarded_headers,
     prompt_text_chars,
+    whole_number,
 )
 
 ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
@@ -26,6 +27,7 @@ ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.MALFORMED: (400, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "request_too_large"),
     ErrorKind.BALANCE: (400, "invalid_request_error"),
+    ErrorKind.BUDGET: (429, "rate_limit_error"),
     ErrorKind.RATE_LIMIT: (429, "rate_limit_error"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error"),
     ErrorKind.UNKNOWN_PATH: (404, "not_found_error"),
@@ -156,6 +158,9 @@ class Messages(Api):
     wire = WireProtocol.ANTHROPIC
     operation = Operation.MESSAGES
     watcher = MessagesWatcher
+
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return whole_number(facts.body.get("max_tokens"))
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

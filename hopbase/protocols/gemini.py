@@ -21,6 +21,7 @@ from hopbase.protocols.base import (
     StreamWatcher,
     dumps,
     prompt_text_chars,
+    whole_number,
 )
 
 GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
@@ -29,6 +30,7 @@ GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.MALFORMED: (400, "INVALID_ARGUMENT"),
     ErrorKind.TOO_LARGE: (413, "INVALID_ARGUMENT"),
     ErrorKind.BALANCE: (429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.BUDGET: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.RATE_LIMIT: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "INVALID_ARGUMENT"),
     ErrorKind.UNKNOWN_PATH: (404, "NOT_FOUND"),
@@ -164,6 +166,10 @@ class Gemini(Api):
     watcher = GeminiWatcher
     state_field = "cachedContent"
     model_in_body = False
+
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        config = snake_or_camel(facts.body, "generationConfig", "generation_config")
+        return whole_number(snake_or_camel(config, "maxOutputTokens", "max_output_tokens"))
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):

@@ -50,6 +50,9 @@ class GeminiCaches(Gemini):
     operation = Operation.CACHE
     upstream_streams = False
 
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return 0  # nothing is written back but what the input costs
+
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
         return RequestFacts(

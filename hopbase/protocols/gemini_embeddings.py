@@ -71,6 +71,9 @@ class GeminiEmbeddings(Gemini):
     upstream_streams = False
     state_field = ""
 
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return 0  # nothing is written back but what the input costs
+
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         requests = embedding_requests(body, route["action"])
         chars = sum(len(content_text(r, f"requests[{i}]" if route["action"] == BATCH else "request"))

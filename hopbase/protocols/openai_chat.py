@@ -17,6 +17,7 @@ from hopbase.protocols.base import (
     dumps,
     forwarded_headers,
     prompt_text_chars,
+    whole_number,
 )
 
 # Table E for both OpenAI protocols: status, error type, error code.
@@ -26,6 +27,7 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.MALFORMED: (400, "invalid_request_error", None),
     ErrorKind.TOO_LARGE: (413, "invalid_request_error", "request_too_large"),
     ErrorKind.BALANCE: (429, "insufficient_quota", "insufficient_quota"),
+    ErrorKind.BUDGET: (429, "insufficient_quota", "budget_exceeded"),
     ErrorKind.RATE_LIMIT: (429, "requests", "rate_limit_exceeded"),
     ErrorKind.METHOD_NOT_ALLOWED: (405, "invalid_request_error", "method_not_allowed"),
     ErrorKind.UNKNOWN_PATH: (404, "invalid_request_error", "unknown_url"),
@@ -214,6 +216,9 @@ class ChatCompletions(OpenAIApi):
     name = ApiName.CHAT
     operation = Operation.CHAT
     watcher = ChatWatcher
+
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return whole_number(facts.body.get("max_completion_tokens")) or whole_number(facts.body.get("max_tokens"))
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

@@ -117,6 +117,9 @@ class Embeddings(OpenAIApi):
     watcher = EmbeddingsWatcher
     upstream_streams = False
 
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return 0  # nothing is written back but what the input costs
+
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
         prompt_chars = input_chars(body.get("input"))

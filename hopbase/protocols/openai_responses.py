@@ -15,6 +15,7 @@ from hopbase.protocols.base import (
     dumps,
     forwarded_headers,
     prompt_text_chars,
+    whole_number,
 )
 from hopbase.protocols.openai_chat import OpenAIApi, openai_error, openai_error_is_busy
 
@@ -113,6 +114,9 @@ class Responses(OpenAIApi):
     operation = Operation.RESPONSES
     watcher = ResponsesWatcher
     state_field = "previous_response_id"
+
+    def output_cap(self, facts: RequestFacts) -> int | None:
+        return whole_number(facts.body.get("max_output_tokens"))
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)
