@@ -384,7 +384,7 @@ def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
     (analytics), github.com, api.github.com and chatgpt.com (plugins)."""
     top = ""
     agents = ""
-    if route.channel_protocol == "anthropic" and not default_tools:
+    if route.channel_protocol != "openai" and not default_tools:
         # Tools only OpenAI's Responses API knows (a hosted web search, a
         # `namespace` of sub-agent tools) are refused for an Anthropic
         # channel: off, as the README says for Codex on a Claude channel.
@@ -455,3 +455,57 @@ def test_codex_exec_with_its_default_tools_through_an_anthropic_channel(rig, tmp
     since = time.time()
     outcome = codex_exec(rig, route, key, tmp_path, prompt(tag), default_tools=True)
     check_turn(rig, route, key, tag, since, outcome)
+
+
+# --------------------------------------------------------------------------- Codex moving to an OpenAI channel
+
+CONFIG_SETTLE = 1.5  # seconds for the gateway to read channels again (HOPBASE_CONFIG_TTL is 0.5 in tests)
+
+
+@pytest.mark.parametrize("first", ["anthropic", "gemini"])
+def test_codex_resumes_on_an_openai_channel_after_another_protocol(rig, tmp_path, first):
+    """Issue 30 (1): one model served by a channel of another protocol
+    (tried first) and by an OpenAI one. Codex's first turn is translated:
+    its thinking becomes a reasoning item, sealed with Claude's signature,
+    or, from Gemini (no thoughtSignature), with no state at all. That
+    channel is then switched off and the resumed session passes through to
+    the OpenAI channel, which refuses a reasoning item it cannot use and
+    never stored (Codex sends store false: "Item with id 'rs_…' not found"):
+    none reaches it, the first turn's answer does."""
+    from django.core.management import call_command
+
+    from billing.models import ModelPrice
+    from channels_pool.models import Channel
+
+    run = uuid.uuid4().hex[:8]
+    public = f"codex-after-{first}-{run}"
+    before = Route("responses", public, f"sim-{first}-for-codex-{run}", first, f"real-{public}-{first}",
+                   f"sk-real-{public}-{first}")
+    after = Route("responses", public, public, "openai", f"real-{public}-openai", f"sk-real-{public}-openai")
+    ModelPrice.objects.create(model=public, input_usd_per_mtok=Decimal(3), output_usd_per_mtok=Decimal(15))
+    for route, priority in ((before, "10"), (after, "0")):
+        base_url = rig.simulator.url + "/v1" if route.channel_protocol == "openai" else rig.simulator.url
+        call_command("addchannel", route.channel_name, protocol=route.channel_protocol, base_url=base_url,
+                     api_key=route.channel_secret, models=route.models, priority=priority, stdout=io.StringIO())
+    _, key = new_key(rig)
+    first_tag, second_tag = ("cx" + uuid.uuid4().hex[:10] for _ in range(2))
+    time.sleep(CONFIG_SETTLE)
+
+    since = time.time()
+    outcome = codex_exec(rig, before, key, tmp_path, prompt(first_tag))
+    assert outcome.returncode == 0 and outcome.stdout.strip() == ANSWER, str(outcome)
+    calls = upstream_calls(rig, before, since)
+    assert [call["protocol"] for call in calls if call["tag"] == first_tag] == [first], calls
+
+    Channel.objects.filter(name=before.channel_name).update(enabled=False)
+    time.sleep(CONFIG_SETTLE)
+    since = time.time()
+    # The first turn's route for Codex's settings: its tools stay as they were.
+    outcome = codex_exec(rig, before, key, tmp_path, "resume", "--last", prompt(second_tag))
+    _, second = check_turn(rig, after, key, second_tag, since, outcome)
+
+    items = second["body"]["input"]
+    assert [item for item in items if item.get("type") == "reasoning"] == [], items
+    answers = [part["text"] for item in items if item.get("role") == "assistant" for part in item["content"]]
+    assert answers == [ANSWER], items
+    assert "hb1." not in json.dumps(second["body"])

@@ -321,3 +321,51 @@ def test_a_failover_across_protocols_leaves_one_clean_stream(gateway, world, com
     assert response.content.count(PREAMBLES[api]) == 1
     assert response.content.count(ENDS[api]) == 1
     assert stream_errors(response.content) == []
+
+
+CODEX_REQUEST = {"stream": True, "store": False, "include": ["reasoning.encrypted_content"],
+                 "reasoning": {"summary": "auto"}, "tool_choice": "auto", "parallel_tool_calls": True}
+
+
+def codex_turn(gateway, key: str, model: str, items: list[dict]) -> list[dict]:
+    """One Codex turn through the gateway: the output items, handed back as
+    the Codex CLI sends them (0.171, tests/test_real_clients.py): a
+    reasoning item with its null fields, its ids kept."""
+    response = httpx.post(f"{gateway.url}/v1/responses", headers={"authorization": f"Bearer {key}"},
+                          json={"model": model, "input": items, **CODEX_REQUEST}, timeout=20)
+    assert response.status_code == 200, response.text
+    (completed,) = [json.loads(line[6:]) for line in response.text.splitlines()
+                    if line.startswith("data: ") and '"response.completed"' in line]
+    output = completed["response"]["output"]
+    return [{"type": "reasoning", "id": item["id"], "summary": item["summary"], "content": None,
+             "encrypted_content": item.get("encrypted_content")} if item["type"] == "reasoning" else item
+            for item in output]
+
+
+def user_says(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "gemini"])
+def test_a_codex_turn_after_another_protocols_thinking_reaches_openai_without_it(gateway, world, sim_records,
+                                                                                 committed_db, wire):
+    """Issue 30 (1): Codex's first turn on a Claude channel (thinking sealed
+    with its signature) or a Gemini one (thinking with no state: no
+    encrypted_content at all), its second passed through to an OpenAI
+    channel. OpenAI refuses a reasoning item it cannot use and never stored
+    (store false: "Item with id 'rs_…' not found"): none may reach it."""
+    first, second = new_tag(), new_tag()
+    turn = [user_says(prompt(first, tokens=3, thinking=4))]
+    output = codex_turn(gateway, world.key, f"via-{wire}", turn)
+    (reasoning,) = [item for item in output if item["type"] == "reasoning"]
+    assert len(reasoning["summary"][0]["text"].split()) == 4
+    assert bool(reasoning["encrypted_content"]) == (wire == "anthropic")
+
+    turn += [*output, user_says(prompt(second, tokens=2))]
+    codex_turn(gateway, world.key, "via-openai", turn)
+
+    sent = upstream_record(sim_records, second)
+    assert sent["protocol"] == "responses" and sent["model"] == UPSTREAM["openai"]
+    assert [item for item in sent["body"]["input"] if item.get("type") == "reasoning"] == []
+    assert sent["body"]["input"] == [item for item in turn if item["type"] != "reasoning"]
+    assert "hb1." not in json.dumps(sent["body"])

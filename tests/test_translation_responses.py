@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from core.errors import ErrorKind, GatewayError
 from core.usage import Usage
+from channels_pool.selection import ChannelInfo
 from core.vocabulary import WireProtocol
 from hopbase.protocols import RESPONSES
 from hopbase.protocols.base import RequestFacts
@@ -49,6 +50,7 @@ from hopbase.translation.neutral import (
     seal,
 )
 from hopbase.translation.responses_request import CUSTOM_TOOL_PARAMETERS, decode
+from hopbase.translation.legs import Legs
 from hopbase.translation.responses_stream import ResponsesWriter
 
 ANTHROPIC = WireProtocol.ANTHROPIC
@@ -463,6 +465,80 @@ def test_it_hands_codex_its_thinking_state_back_to_the_right_protocol():
         ]),
         Message("user", [ToolResult("toolu_1", [Text("18C")])]),
     ]
+
+
+# Codex's request (store false, the reasoning state asked for) and its turn's
+# output items handed back as the Codex CLI sends them, recorded from 0.171
+# (tests/test_real_clients.py): every field, a reasoning item's null ones too.
+CODEX_REQUEST = {"model": "gpt-public", "stream": True, "store": False, "include": ["reasoning.encrypted_content"],
+                 "reasoning": {"summary": "auto"}, "tool_choice": "auto", "parallel_tool_calls": True,
+                 "tools": [WEATHER]}
+OPENAI_CHANNEL = ChannelInfo(id=1, name="openai", protocol="openai", base_url="http://openai.test/v1", secret="k",
+                             models={}, priority=0, weight=1, max_concurrency=None)
+
+
+def codex_item(item: Any) -> dict[str, Any]:
+    if item.type == "reasoning":
+        return {"type": "reasoning", "id": item.id, "summary": [part.model_dump() for part in item.summary],
+                "content": None, "encrypted_content": item.encrypted_content}
+    return item.model_dump(exclude_none=True)
+
+
+def codex_second_turn(pieces: list[Piece]) -> list[dict[str, Any]]:
+    """A Codex conversation's input after a first turn HopBase wrote from
+    ``pieces`` (a call of the weather tool), with the tool's result."""
+    turn: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}]
+    options = {name: value for name, value in CODEX_REQUEST.items() if name != "stream"}
+    with Gateway(pieces).client().responses.stream(input=turn, **options) as stream:
+        output = stream.get_final_response().output
+    return [*turn, *(codex_item(item) for item in output),
+            {"type": "function_call_output", "call_id": "call_1", "output": "18C"}]
+
+
+def passed_to_openai(**body: Any) -> RequestFacts:
+    return Legs(RESPONSES, facts(**body), "req_00ff").to(OPENAI_CHANNEL).facts
+
+
+@pytest.mark.parametrize("signature", [None, ThinkingSignature("sig-abc", ANTHROPIC)], ids=["no state", "sealed"])
+def test_codex_turn_after_thinking_of_another_protocol_reaches_an_openai_channel_without_it(signature):
+    # Issue 30 (1). Thinking with no provider state (Gemini's without a
+    # thoughtSignature, a Chat channel's reasoning_content, a Claude stream
+    # cut before its signature) is a reasoning item with no encrypted_content;
+    # passed through as it is, OpenAI would look up its id, never issued
+    # (Codex sends store false): "Item with id 'rs_…' not found".
+    pieces: list[Piece] = [ThinkingDelta("Need the weather."), *([signature] if signature else []),
+                           TextDelta("Checking now."), ToolCallStart(0, "call_1", "get_weather"),
+                           ToolArguments(0, '{"city":"Paris"}'), Stop(StopReason.TOOL_USE)]
+    turn = codex_second_turn(pieces)
+    (reasoning,) = [item for item in turn if item["type"] == "reasoning"]
+    assert (reasoning["encrypted_content"] is None) == (signature is None)
+
+    sent = passed_to_openai(input=turn, **CODEX_REQUEST)
+
+    assert orjson.loads(sent.raw_body) == sent.body
+    assert [item for item in sent.body["input"] if item["type"] == "reasoning"] == []
+    assert sent.body["input"] == [item for item in turn if item["type"] != "reasoning"]
+    assert {k: v for k, v in sent.body.items() if k != "input"} == CODEX_REQUEST
+
+
+def test_openai_reasoning_items_pass_through_untouched_beside_those_taken_out():
+    ours = codex_second_turn([ThinkingDelta("Hmm."), TextDelta("Checking."), ToolCallStart(0, "call_1", "get_weather"),
+                              Stop(StopReason.TOOL_USE)])
+    # OpenAI's own: its state inline (store false), or only its id (stored, looked up).
+    inline = {"type": "reasoning", "id": "rs_68a1f0c2d4e5b6a7", "summary": [], "encrypted_content": "gAAAAB-opaque"}
+    stored = {"type": "reasoning", "id": "rs_68a1f0c2d4e5b6a8", "summary": [], "encrypted_content": None}
+    sealed = {"type": "reasoning", "id": "rs_00ff_3", "summary": [], "encrypted_content": seal(ANTHROPIC, "sig")}
+    own = {"type": "reasoning", "id": "rs_68a1f0c2d4e5b6a9", "summary": [],
+           "encrypted_content": seal(WireProtocol.OPENAI, "gA")}
+
+    sent = passed_to_openai(input=[*ours, inline, stored, sealed, own], **CODEX_REQUEST)
+    assert sent.body["input"] == [*(item for item in ours if item["type"] != "reasoning"), inline, stored,
+                                  {**own, "encrypted_content": "gA"}]
+
+    # With nothing to take out, the body goes as the client sent it, byte for byte.
+    untouched = facts(input=[ours[0], inline, stored], **CODEX_REQUEST)
+    assert Legs(RESPONSES, untouched, "req_00ff").to(OPENAI_CHANNEL).facts.raw_body == untouched.raw_body
 
 
 # --------------------------------------------------------------------------- any well-formed answer

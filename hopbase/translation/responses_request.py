@@ -9,6 +9,7 @@ function tools, and the writer (``responses_stream``) turns their calls back.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from core.errors import ErrorKind, GatewayError
@@ -36,6 +37,14 @@ CUSTOM_TOOL_PARAMETERS = {"type": "object", "properties": {"input": {"type": "st
 # A redacted thinking block travels in ``encrypted_content`` with this mark
 # inside the sealed state (``seal`` has no room for the flag).
 REDACTED = "redacted:"
+# The id of a reasoning item HopBase writes (``responses_stream``): its
+# request's id and its place in the output. OpenAI's own ids (``rs_`` and hex)
+# never end in ``_`` and an index, so it can never look one of these up.
+WRITTEN_REASONING_ID = re.compile(r"rs_[0-9a-f]+_[0-9]+")
+
+
+def reasoning_id(stem: str, index: int) -> str:
+    return f"rs_{stem}_{index}"
 
 # Provider-held state and modes only OpenAI can serve (T3).
 STATEFUL_FIELDS = ("previous_response_id", "conversation", "prompt")

@@ -13,8 +13,11 @@ a rising ``sequence_number``):
 Thinking becomes a ``reasoning`` item whose ``encrypted_content`` is the
 provider's sealed state, so a caller that keeps no server state (Codex,
 ``store: false``) hands it back on its next turn and ``responses_request``
-routes it to its origin. A call to one of the caller's freeform (``custom``)
-tools becomes a ``custom_tool_call`` with the ``input`` string again.
+routes it to its origin. Thinking that came with no state makes an item
+without ``encrypted_content``, kept out of a turn passed through to OpenAI
+(``sealed``: OpenAI never issued its id). A call to one of the caller's
+freeform (``custom``) tools becomes a ``custom_tool_call`` with the ``input``
+string again.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from hopbase.translation.neutral import (
     ToolCallStart,
     seal,
 )
-from hopbase.translation.responses_request import REDACTED, namespaced_tools
+from hopbase.translation.responses_request import REDACTED, namespaced_tools, reasoning_id
 
 INCOMPLETE = {StopReason.LENGTH: "max_output_tokens", StopReason.CONTENT_FILTER: "content_filter"}
 
@@ -272,7 +275,7 @@ class ResponsesWriter(Writer):
         if reasoning is None:
             self._close_message(out)
             self._close_tools(out)
-            item = {"id": f"rs_{self.stem}_{len(self.output)}", "type": "reasoning", "summary": []}
+            item = {"id": reasoning_id(self.stem, len(self.output)), "type": "reasoning", "summary": []}
             index = self._add(item, out)
             fields = {"item_id": item["id"], "output_index": index, "summary_index": 0}
             reasoning = self.reasoning = _Item(index, item,

@@ -6,7 +6,11 @@ thinking state sealed (``neutral.seal``) and sends it back on its next turn.
 If that turn is passed through to a channel of the client's own protocol,
 the provider would refuse state it did not make: state sealed from the
 client's own protocol is unsealed, any other is dropped, and the rest of the
-body is left alone. Only bodies that contain a seal are parsed again.
+body is left alone. Only bodies that contain a seal are written again, and
+Responses bodies with a reasoning item HopBase wrote from thinking that had
+no provider state (no ``encrypted_content``): OpenAI would look its id up,
+find nothing and refuse the request (with ``store: false``, as Codex sends,
+"Item with id 'rs_…' not found"), so such an item is dropped too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import RequestFacts, dumps
 from hopbase.translation.gemini_contents import opened_signature
 from hopbase.translation.neutral import SEAL_PREFIX, unseal
+from hopbase.translation.responses_request import WRITTEN_REASONING_ID
 
 SEAL_MARK = b'"' + SEAL_PREFIX.encode()
 # Gemini's SDK takes a thoughtSignature as base64 bytes, so a seal handed to
@@ -35,19 +40,34 @@ def _own(value: Any, wire: WireProtocol) -> str | None:
     return opened[1] if opened is not None and opened[0] == wire else None
 
 
+def _written_without_state(item: dict[str, Any]) -> bool:
+    """A reasoning item HopBase wrote from thinking that had no provider
+    state: nothing OpenAI could use, and an id it never issued."""
+    item_id = item.get("id")
+    return (not item.get("encrypted_content") and isinstance(item_id, str)
+            and WRITTEN_REASONING_ID.fullmatch(item_id) is not None)
+
+
 def _responses(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` itself when there is nothing to take out."""
     items = body.get("input")
     if not isinstance(items, list):
         return body
-    kept = []
+    kept, changed = [], False
     for item in items:
-        if isinstance(item, dict) and item.get("type") == "reasoning" and "encrypted_content" in item:
-            state = _own(item["encrypted_content"], WireProtocol.OPENAI)
-            if state is None:
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            state = item.get("encrypted_content")
+            if isinstance(state, str) and state.startswith(SEAL_PREFIX):
+                changed = True
+                state = _own(state, WireProtocol.OPENAI)
+                if state is None:
+                    continue
+                item = {**item, "encrypted_content": state}
+            elif _written_without_state(item):
+                changed = True
                 continue
-            item = {**item, "encrypted_content": state}
         kept.append(item)
-    return {**body, "input": kept}
+    return {**body, "input": kept} if changed else body
 
 
 def _messages(body: dict[str, Any]) -> dict[str, Any]:
@@ -94,10 +114,15 @@ CLEANERS = {ApiName.RESPONSES: _responses, ApiName.MESSAGES: _messages, ApiName.
 
 
 def unsealed(api: ApiName, facts: RequestFacts) -> RequestFacts:
-    """``facts`` without thinking state sealed from another protocol."""
+    """``facts`` without thinking state sealed from another protocol (nor,
+    for Responses, reasoning items HopBase wrote without any state)."""
     clean = CLEANERS.get(api)
     raw = facts.raw_body
-    if clean is None or (SEAL_MARK not in raw and GEMINI_SEAL_MARK not in raw) or not isinstance(facts.body, dict):
+    if clean is None or not isinstance(facts.body, dict):
+        return facts
+    if SEAL_MARK not in raw and GEMINI_SEAL_MARK not in raw and not (api == ApiName.RESPONSES and b'"rs_' in raw):
         return facts
     body = clean(facts.body)
+    if body is facts.body:
+        return facts
     return replace(facts, body=body, raw_body=dumps(body))
