@@ -302,3 +302,6 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     @admin.display(description="request")
     def request(self, entry: LedgerEntry) -> str:
         return entry.request_log.request_id if entry.request_log is not None else ""
+
+
+from billing import admin_alerts  # noqa: E402, F401 - budget alerts (G4); needs ReadOnlyAdmin above

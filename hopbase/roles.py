@@ -28,11 +28,13 @@ ROLES: dict[str, tuple[str, ...]] = {
         "channels_pool.delete_channel", "channels_pool.view_channelhealth",
         "billing.view_modelprice", "billing.add_modelprice",
         "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budgetalert", "billing.view_webhookattempt",
         "admin.view_logentry",
     ),
     "finance": (
         "hopbase.view_tenant",
         "billing.view_modelprice", "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budgetalert", "billing.view_webhookattempt",
         "admin.view_logentry",
     ),
 }
