@@ -21,10 +21,16 @@ Response (JSON)::
                "stream": ..., "api_key": <display prefix>, "input_tokens": ...,
                "output_tokens": ..., "cache_read_tokens": ..., "cache_write_tokens": ...,
                "usage_estimated": ..., "charge_usd": "0.0012" or null, "settled": ...}],
-     "first_id": ..., "last_id": ..., "has_more": false}
+     "first_id": ..., "last_id": ..., "has_more": false, "budgets": [...]}
 
 ``charge_usd`` is null until the request is settled; cancelled, stalled and
 interrupted requests are listed with what they cost (B1-B4).
+
+``budgets`` lists the budgets that cover the calling key (G6): its tenant's
+and its own, never another key's, each as ``{"scope": "tenant" | "key",
+"period": ..., "window_start": ..., "window_end": ... or null (total),
+"limit_usd": ..., "spent_usd": ..., "reserved_usd": ... or null (Redis did
+not answer)}``, where it stands now, whatever the page asked for.
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import F, Q
+from django.utils import timezone
 
+from billing.budget_status import standings
 from billing.exports import utc_iso
-from billing.models import RequestLog
+from billing.models import Budget, RequestLog
 from core.errors import ErrorKind, GatewayError
 from core.money import usd_text
 from core.snapshots import refresh_connection
@@ -49,6 +57,7 @@ MAX_LIMIT = 100
 @dataclass(frozen=True)
 class Page:
     tenant_id: int
+    key_id: int  # the calling key: the budgets shown are its own and its tenant's
     limit: int = DEFAULT_LIMIT
     before: str | None = None
     since: dt.datetime | None = None
@@ -63,13 +72,13 @@ def parse_moment(name: str, raw: str) -> dt.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
 
 
-def parse_page(tenant_id: int, params: Any) -> Page:
+def parse_page(tenant_id: int, key_id: int, params: Any) -> Page:
     raw_limit = params.get("limit", str(DEFAULT_LIMIT))
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
         raise GatewayError(ErrorKind.MALFORMED, f"limit must be a whole number from 1 to {MAX_LIMIT}.")
     since = parse_moment("since", params["since"]) if params.get("since") else None
     until = parse_moment("until", params["until"]) if params.get("until") else None
-    return Page(tenant_id, int(raw_limit), params.get("before") or None, since, until)
+    return Page(tenant_id, key_id, int(raw_limit), params.get("before") or None, since, until)
 
 
 def log_entry(log: RequestLog) -> dict[str, Any]:
@@ -90,9 +99,18 @@ def log_entry(log: RequestLog) -> dict[str, Any]:
     }
 
 
+def budget_entries(tenant_id: int, key_id: int) -> list[dict[str, Any]]:
+    """Where the key's budgets and its tenant's stand now (two queries)."""
+    covering = (Budget.objects.covering(tenant_id, key_id).select_related("tenant", "api_key")
+                .defer("webhook_secret").order_by(F("api_key_id").asc(nulls_first=True), "period"))
+    fields = ("scope", "period", "window_start", "window_end", "limit_usd", "spent_usd", "reserved_usd")
+    return [{name: entry[name] for name in fields}
+            for entry in (standing.as_json() for standing in standings(covering, timezone.now()))]
+
+
 def read_page(page: Page) -> dict[str, Any]:
-    """The page as a JSON-ready dict: two or three indexed queries, all
-    scoped to the tenant (index log_tenant_time)."""
+    """The page as a JSON-ready dict: four or five indexed queries, all
+    scoped to the tenant (index log_tenant_time) or, for budgets, the key."""
     refresh_connection()  # a pool thread: no request signal does this for it
     tenant = Tenant.objects.only("name", "balance_usd").get(pk=page.tenant_id)
     logs = RequestLog.objects.filter(tenant_id=page.tenant_id)
@@ -128,4 +146,5 @@ def read_page(page: Page) -> dict[str, Any]:
         "first_id": data[0]["request_id"] if data else None,
         "last_id": data[-1]["request_id"] if data else None,
         "has_more": len(rows) > page.limit,
+        "budgets": budget_entries(page.tenant_id, page.key_id),
     }

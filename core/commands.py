@@ -108,11 +108,12 @@ def parse_name(text: str, what: str, max_length: int) -> str:
     return name
 
 
-def find_tenant(name: str) -> Tenant:
+def find_tenant(name: str, flag: str | None = None) -> Tenant:
+    """The tenant named ``name``; the refusal names ``flag`` when the name came from one."""
     try:
         return Tenant.objects.get(name=name)
     except Tenant.DoesNotExist:
-        raise CommandError(f"unknown tenant {name!r}") from None
+        raise CommandError(f"{flag + ': ' if flag else ''}unknown tenant {name!r}") from None
 
 
 class OperatorCommand(BaseCommand):

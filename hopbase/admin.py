@@ -20,7 +20,10 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
+from billing.budget_status import standings
 from billing.ledger import TopUpMismatch, top_up_once
 from core.money import usd_text
 from hopbase import audit  # noqa: F401  (registers the admin log's read-only view)
@@ -145,17 +148,32 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def models(self, key: ApiKey) -> str:
         return ", ".join(key.allowed_models) or "all"
 
+    @admin.display(description="budgets")
+    def budgets(self, key: ApiKey) -> str:
+        """The key's own budgets where they stand (its tenant's apply too; G1), and a link to add one."""
+        own = key.budgets.select_related("tenant", "api_key").defer("webhook_secret").order_by("period")
+        lines = format_html_join(
+            "", '<li><a href="{}">{}</a>: {} of {} USD spent this window, {} reserved</li>',
+            ((reverse("admin:billing_budget_change", args=[s.budget.pk]), s.budget.period, usd_text(s.spent_usd),
+              usd_text(s.budget.limit_usd), usd_text(s.reserved_usd) if s.reserved_usd is not None else "unknown")
+             for s in standings(own, timezone.now())),
+        )
+        add = reverse("admin:billing_budget_add") + "?" + urlencode({"tenant": key.tenant_id, "api_key": key.pk})
+        if not lines:
+            return format_html('None of its own. <a href="{}">Add one</a>', add)
+        return format_html('<ul style="margin:0;padding-left:1em">{}</ul><a href="{}">Add another</a>', lines, add)
+
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd", "expires_at")
-        return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd",
+            return ("tenant", "label", "allowed_models", "rpm", "concurrency", "tpm", "expires_at")
+        return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency", "tpm", "budgets",
                 "expires_at", "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
         # A key stays with the tenant it was issued to.
-        return ("prefix", "tenant", "created_at", "last_used_at", "revoked_at")
+        return ("prefix", "tenant", "budgets", "created_at", "last_used_at", "revoked_at")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         # Request logs refer to keys; a key is retired by revoking it.
@@ -165,7 +183,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if change:
             # Only the editable fields: revocation and last use are written
             # elsewhere, and a whole-row save would undo them.
-            obj.save(update_fields=["label", "allowed_models", "rpm", "concurrency", "monthly_limit_usd", "expires_at"])
+            obj.save(update_fields=["label", "allowed_models", "rpm", "concurrency", "tpm", "expires_at"])
             return
         key, secret = ApiKey.objects.issue(
             obj.tenant,
@@ -173,7 +191,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             allowed_models=obj.allowed_models,
             rpm=obj.rpm,
             concurrency=obj.concurrency,
-            monthly_limit_usd=obj.monthly_limit_usd,
+            tpm=obj.tpm,
             expires_at=obj.expires_at,
         )
         # The admin goes on with the object it passed in (history entry,

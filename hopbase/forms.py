@@ -19,7 +19,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["tenant", "label", "allowed_models", "rpm", "concurrency"]
+        fields = ["tenant", "label", "allowed_models", "rpm", "concurrency", "tpm"]
 
 
 class TopUpForm(forms.Form):

@@ -1,16 +1,20 @@
 """Staff roles: Django groups with Django permissions, nothing of our own.
 
 - **operator** runs the gateway: tenants (and their price multipliers), API
-  keys, channels, prices, top-ups; reads request logs, the ledger and the
-  admin's change log.
+  keys, channels, prices, top-ups, budgets; reads request logs, the ledger
+  and the admin's change log.
 - **finance** reads: request logs (and their exports and the dashboard), the
-  ledger, tenants, prices and the admin's change log. It changes nothing.
+  ledger, tenants, prices, budgets and the admin's change log. It changes
+  nothing.
 
 Superusers have every permission, as Django has them. The groups are made by
 a migration (hopbase/migrations/0003_staff_roles.py), which calls
-``install_roles`` with the historical app registry; ``manage.py createstaff``
-makes a missing group again (``ensure_role``) but never rewrites one an
-operator has adjusted.
+``install_roles`` with the historical app registry and the roles as they
+were then; a change of ``ROLES`` is a migration of its own that installs them
+again with the new table, written out in it (0006_budget_roles.py): a
+migration run on a new database meets only the models that exist at its
+point. ``manage.py createstaff`` makes a missing group again
+(``ensure_role``) but never rewrites one an operator has adjusted.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ ROLES: dict[str, tuple[str, ...]] = {
         "channels_pool.delete_channel", "channels_pool.view_channelhealth",
         "billing.view_modelprice", "billing.add_modelprice",
         "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budget", "billing.add_budget", "billing.change_budget", "billing.delete_budget",
         "billing.view_budgetalert", "billing.view_webhookattempt",
         "admin.view_logentry",
     ),
     "finance": (
         "hopbase.view_tenant",
         "billing.view_modelprice", "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budget",
         "billing.view_budgetalert", "billing.view_webhookattempt",
         "admin.view_logentry",
     ),
@@ -61,11 +67,11 @@ def _create_all_permissions(apps) -> None:
         app_config.models_module = None
 
 
-def install_roles(apps=global_apps) -> None:
-    """Every role's group with exactly its permissions (the migration)."""
+def install_roles(apps=global_apps, roles: dict[str, tuple[str, ...]] = ROLES) -> None:
+    """Every role's group with exactly its permissions (a migration, with the table of its time)."""
     _create_all_permissions(apps)
     Group = apps.get_model("auth", "Group")
-    for role, names in ROLES.items():
+    for role, names in roles.items():
         group, _ = Group.objects.get_or_create(name=role)
         group.permissions.set(_permissions(apps, names))
 

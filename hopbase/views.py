@@ -110,7 +110,7 @@ async def usage(call: Call) -> HttpResponse:
     try:
         if call.request.method != "GET":
             raise GatewayError(ErrorKind.METHOD_NOT_ALLOWED, f"Method {call.request.method} is not allowed here; use GET.")
-        page = parse_page(call.caller.tenant_id, call.request.GET)
+        page = parse_page(call.caller.tenant_id, call.caller.key_id, call.request.GET)
         body = await database_call(read_page, page)
     except GatewayError as error:
         return intake.error_response(CHAT, error)

@@ -9,11 +9,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from billing.models import LedgerEntry, ModelPrice, RequestLog
+from billing.models import Budget, LedgerEntry, ModelPrice, RequestLog
 from channels_pool.models import Channel
 from hopbase.models import ApiKey, Tenant
 
-ALL_MODELS = (Tenant, ApiKey, Channel, ModelPrice, LedgerEntry, RequestLog)
+ALL_MODELS = (Tenant, ApiKey, Channel, ModelPrice, LedgerEntry, RequestLog, Budget)
 
 
 def run(*args: str) -> str:

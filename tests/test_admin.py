@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from billing.admin import EstimatedCountPaginator
 from billing.ledger import post_entry, sum_of_entries, top_up
-from billing.models import LedgerEntry, ModelPrice, RequestLog
+from billing.models import Budget, LedgerEntry, ModelPrice, RequestLog
 from channels_pool.models import Channel, ChannelHealth
 from hopbase.models import ApiKey, Tenant, hash_secret
 from tests.factories import make_channel, make_key, make_log, make_price, make_tenant
@@ -19,8 +19,8 @@ from tests.factories import make_channel, make_key, make_log, make_price, make_t
 pytestmark = pytest.mark.django_db
 
 MODELS = ("hopbase_tenant", "hopbase_apikey", "channels_pool_channel", "billing_modelprice",
-          "billing_requestlog", "billing_ledgerentry")
-ADDABLE = ("hopbase_tenant", "hopbase_apikey", "channels_pool_channel", "billing_modelprice")
+          "billing_requestlog", "billing_ledgerentry", "billing_budget")
+ADDABLE = ("hopbase_tenant", "hopbase_apikey", "channels_pool_channel", "billing_modelprice", "billing_budget")
 
 
 @pytest.fixture(autouse=True)
@@ -188,6 +188,29 @@ def test_it_revokes_selected_keys(admin_client):
     assert ApiKey.objects.authenticate(first_secret) is None
     assert set(ApiKey.objects.filter(revoked_at__isnull=False)) == {first, second}
     assert ApiKey.objects.authenticate(kept_secret) == kept
+
+
+def test_a_key_has_a_tpm_limit_and_its_page_lists_its_budgets(admin_client):
+    tenant = make_tenant("acme")
+    response = admin_client.post(reverse("admin:hopbase_apikey_add"), {"tenant": tenant.pk, "tpm": "30000"})
+    assert response.status_code == 200
+    key = ApiKey.objects.get()
+    assert key.tpm == 30000
+    url = reverse("admin:hopbase_apikey_change", args=[key.pk])
+    add_budget = f"{reverse('admin:billing_budget_add')}?tenant={tenant.pk}&amp;api_key={key.pk}"
+    page = admin_client.get(url).content.decode()
+    assert "None of its own." in page and add_budget in page
+    budget = Budget.objects.create(tenant=tenant, api_key=key, period="1mo", limit_usd=Decimal("7.5"))
+    Budget.objects.create(tenant=tenant, period="1d", limit_usd=Decimal(99))  # the tenant's: on the budgets list
+    make_log(tenant, key, charge_usd=Decimal("0.25"))
+    page = admin_client.get(url).content.decode()
+    link = reverse("admin:billing_budget_change", args=[budget.pk])
+    assert f'<a href="{link}">1mo</a>: 0.25 of 7.50 USD spent this window, 0.00 reserved' in page
+    assert "99.00" not in page
+    assert admin_client.post(url, {"label": "x", "tpm": "0"}).status_code == 200  # refused, with its error
+    assert admin_client.post(url, {"label": "x", "tpm": "100"}).status_code == 302
+    key.refresh_from_db()
+    assert key.tpm == 100
 
 
 def test_keys_cannot_be_deleted(admin_client):

@@ -4,7 +4,8 @@ by their key; never another tenant's.
 
 Served by the real gateway process, so the data is committed (``gateway``
 tests run last). alice has traffic of every status, bob a little, charlie
-none; each sees only their own.
+none; each sees only their own. dora's two keys each see the budgets that
+cover them (G6): dora's, and their own, never the other key's or erin's.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from billing.budget_windows import window_at
+from billing.exports import utc_iso
 from billing.ledger import top_up
+from billing.models import Budget
 from billing.settlement import settle
 from hopbase.models import Tenant
 from tests.factories import make_key, make_log, make_price, make_tenant, unique
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
+FIELDS = {"object", "tenant", "balance_usd", "data", "first_id", "last_id", "has_more", "budgets"}
+BUDGET_FIELDS = ["scope", "period", "window_start", "window_end", "limit_usd", "spent_usd", "reserved_usd"]
 ROW_FIELDS = {
     "request_id", "created_at", "model", "status", "stream", "api_key", "input_tokens", "output_tokens",
     "cache_read_tokens", "cache_write_tokens", "usage_estimated", "charge_usd", "settled",
@@ -93,7 +99,8 @@ def test_it_lists_the_tenants_own_logs_newest_first_with_charges(gateway, cast):
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("application/json")
     body = response.json()
-    assert (body["object"], body["tenant"], body["has_more"]) == ("list", cast.alice.name, False)
+    assert set(body) == FIELDS
+    assert (body["object"], body["tenant"], body["has_more"], body["budgets"]) == ("list", cast.alice.name, False, [])
     rows = body["data"]
     assert [row["request_id"] for row in rows] == cast.alice_ids[::-1]
     assert all(set(row) == ROW_FIELDS for row in rows)
@@ -168,3 +175,62 @@ def test_it_answers_get_only(gateway, cast):
     assert response.status_code == 405
     assert "error" in response.json()
 
+
+
+# Budgets (G6)
+
+
+@dataclass
+class Budgets:
+    first_key: str
+    second_key: str
+    erin_key: str
+    moment: dt.datetime
+
+
+@pytest.fixture(scope="module")
+def budgets(django_db_blocker, gateway) -> Budgets:
+    """dora spends 0.50 through her first key and 0.25 through her second,
+    this month; erin spends 9 beside her. Each has budgets of several scopes."""
+    with django_db_blocker.unblock():
+        dora, erin = make_tenant(unique("dora")), make_tenant(unique("erin"))
+        (first, first_key), (second, second_key), (erin_row, erin_key) = make_key(dora), make_key(dora), make_key(erin)
+        moment = window_at("1mo", timezone.now()).start
+        for tenant, key, charge in ((dora, first, "0.5"), (dora, second, "0.25"), (erin, erin_row, "9")):
+            make_log(tenant, key, request_id=unique("req-budget"), created_at=moment, charge_usd=Decimal(charge),
+                     settled_at=moment)
+        for tenant, key, period, limit in ((dora, None, "1mo", "10"), (dora, None, "total", "100"),
+                                           (dora, first, "total", "1"), (dora, second, "1mo", "0.3"),
+                                           (erin, None, "1mo", "50")):
+            Budget.objects.create(tenant=tenant, api_key=key, period=period, limit_usd=Decimal(limit),
+                                  webhook_url="https://hooks.example/", webhook_secret="whsec-not-for-customers")
+        return Budgets(first_key, second_key, erin_key, moment)
+
+
+def test_it_shows_the_budgets_that_cover_the_key_and_no_others(gateway, budgets):
+    month = window_at("1mo", timezone.now())
+    this_month = {"window_start": utc_iso(month.start), "window_end": utc_iso(month.end)}
+    all_time = {"window_start": "1970-01-01T00:00:00.000000Z", "window_end": None}
+    dora_month = {"scope": "tenant", "period": "1mo", **this_month, "limit_usd": "10.00", "spent_usd": "0.75",
+                  "reserved_usd": "0.00"}
+    dora_total = {"scope": "tenant", "period": "total", **all_time, "limit_usd": "100.00", "spent_usd": "0.75",
+                  "reserved_usd": "0.00"}
+
+    first = get(gateway, budgets.first_key)
+    assert first.status_code == 200 and "whsec" not in first.text
+    assert [list(budget) for budget in first.json()["budgets"]] == [BUDGET_FIELDS] * 3
+    assert first.json()["budgets"] == [dora_month, dora_total, {
+        "scope": "key", "period": "total", **all_time, "limit_usd": "1.00", "spent_usd": "0.50",
+        "reserved_usd": "0.00"}]
+    assert get(gateway, budgets.second_key).json()["budgets"] == [dora_month, dora_total, {
+        "scope": "key", "period": "1mo", **this_month, "limit_usd": "0.30", "spent_usd": "0.25",
+        "reserved_usd": "0.00"}]
+    assert get(gateway, budgets.erin_key).json()["budgets"] == [{
+        "scope": "tenant", "period": "1mo", **this_month, "limit_usd": "50.00", "spent_usd": "9.00",
+        "reserved_usd": "0.00"}]
+
+
+def test_budgets_are_shown_whatever_page_is_asked_for(gateway, budgets):
+    later = (budgets.moment + dt.timedelta(days=400)).isoformat()
+    body = get(gateway, budgets.first_key, {"since": later, "limit": "1"}).json()
+    assert body["data"] == [] and [budget["spent_usd"] for budget in body["budgets"]] == ["0.75", "0.75", "0.50"]

@@ -1,20 +1,40 @@
 """Staff roles (hopbase.roles): the top-up permission of its own, and the
 operator and finance groups with their permissions. The groups are made
 after every model they name exists, so this depends on each app's latest
-migration at the time; a later change of the roles is a new migration."""
+migration at the time; a later change of the roles is a new migration, and
+this one installs the roles of its own time (ROLES below)."""
 
 from django.db import migrations
+
+
+# The roles as they were at this migration: hopbase.roles.ROLES has grown
+# since, with permissions of models that do not exist yet at this point of a
+# new database's migrations (later migrations install the later tables).
+ROLES = {
+    "operator": (
+        "hopbase.view_tenant", "hopbase.add_tenant", "hopbase.change_tenant", "hopbase.top_up_tenant",
+        "hopbase.view_apikey", "hopbase.add_apikey", "hopbase.change_apikey",
+        "channels_pool.view_channel", "channels_pool.add_channel", "channels_pool.change_channel",
+        "channels_pool.delete_channel", "channels_pool.view_channelhealth",
+        "billing.view_modelprice", "billing.add_modelprice",
+        "billing.view_requestlog", "billing.view_ledgerentry",
+        "admin.view_logentry",
+    ),
+    "finance": (
+        "hopbase.view_tenant",
+        "billing.view_modelprice", "billing.view_requestlog", "billing.view_ledgerentry",
+        "admin.view_logentry",
+    ),
+}
 
 
 def install_roles(apps, schema_editor):
     from hopbase.roles import install_roles
 
-    install_roles(apps)
+    install_roles(apps, ROLES)
 
 
 def remove_roles(apps, schema_editor):
-    from hopbase.roles import ROLES
-
     apps.get_model("auth", "Group").objects.filter(name__in=ROLES).delete()
 
 

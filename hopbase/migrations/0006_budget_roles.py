@@ -1,0 +1,52 @@
+"""Staff roles with budgets (G6): operators view, add, change and delete
+budgets; finance views them. The groups of an existing database are set
+again to exactly these tables (as 0003 made them); a new database gets them
+here, once the budget models exist. Undone, the roles go back to 0003's."""
+
+import importlib
+
+from django.db import migrations
+
+# The roles as they are at this migration (hopbase.roles.ROLES then): a
+# later change of the roles is a migration of its own.
+ROLES = {
+    "operator": (
+        "hopbase.view_tenant", "hopbase.add_tenant", "hopbase.change_tenant", "hopbase.top_up_tenant",
+        "hopbase.view_apikey", "hopbase.add_apikey", "hopbase.change_apikey",
+        "channels_pool.view_channel", "channels_pool.add_channel", "channels_pool.change_channel",
+        "channels_pool.delete_channel", "channels_pool.view_channelhealth",
+        "billing.view_modelprice", "billing.add_modelprice",
+        "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budget", "billing.add_budget", "billing.change_budget", "billing.delete_budget",
+        "admin.view_logentry",
+    ),
+    "finance": (
+        "hopbase.view_tenant",
+        "billing.view_modelprice", "billing.view_requestlog", "billing.view_ledgerentry",
+        "billing.view_budget",
+        "admin.view_logentry",
+    ),
+}
+
+
+def install_roles(apps, schema_editor):
+    from hopbase.roles import install_roles
+
+    install_roles(apps, ROLES)
+
+
+def previous_roles(apps, schema_editor):
+    from hopbase.roles import install_roles
+
+    # A module name starting with a digit is no identifier: import it by name.
+    install_roles(apps, importlib.import_module("hopbase.migrations.0003_staff_roles").ROLES)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("hopbase", "0005_monthly_limit_is_a_budget"),
+        ("billing", "0006_monthly_limits_become_budgets"),
+    ]
+
+    operations = [migrations.RunPython(install_roles, previous_roles)]
