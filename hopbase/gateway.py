@@ -16,6 +16,7 @@ from hopbase.drain import Drain
 from hopbase.limits import limits
 from hopbase.metrics import Counted, PrometheusMeter
 from hopbase.relay import Relay, Timings
+from hopbase.spend import spend
 
 # Every record the gateway makes is counted on its way (hopbase.metrics).
 recorder = Counted(billing_recorder)
@@ -36,6 +37,7 @@ def relay() -> Relay:
             timings=Timings.from_settings(),
             drain=Drain(lifecycle.drain_deadline, lifecycle.drain_signal),
             meter=PrometheusMeter(),
+            spend=spend,
         )
         lifecycle.process.close_when_drained(built.http.aclose)
     return built

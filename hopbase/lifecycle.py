@@ -45,6 +45,7 @@ from django.conf import settings
 
 from billing.recorder import recorder
 from hopbase.limits import limits
+from hopbase.spend import spend
 
 log = logging.getLogger("hopbase.lifecycle")
 T = TypeVar("T")
@@ -146,6 +147,7 @@ class Lifecycle:
         # Slots given back while Redis was away: removed now if it answers,
         # rather than left counted until they lapse.
         await limits.flush(LIMITS_FLUSH_TIMEOUT)
+        await spend.flush(LIMITS_FLUSH_TIMEOUT)  # charges Redis has not taken yet
         if not await asyncio.wrap_future(daemon_call(recorder.flush, FLUSH_TIMEOUT)):
             log.error("drain: request logs not all written within %.0f s", FLUSH_TIMEOUT)
         log.warning("drained")

@@ -37,11 +37,13 @@ from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, Err
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.drain import Drain
+from hopbase.ending import DRAIN_RETRY_AFTER, Committed
 from hopbase.limits import POLL_SECONDS, Limits
 from hopbase.protocols.base import Api, Mark, RequestFacts
 from hopbase.releases import Releases
 from hopbase.reply import STREAM_HEADERS, Reply, error_reply
-from hopbase.run import DRAIN_RETRY_AFTER, Committed, Run
+from hopbase.run import Run
+from hopbase.spend import Spend, Unmetered
 from hopbase.translation.base import Leg
 from hopbase.translation.embeddings import EmbeddingLegs
 from hopbase.translation.legs import Legs, legs_for
@@ -106,6 +108,7 @@ class Relay:
     timings: Timings
     drain: Drain = field(default_factory=Drain.never)
     meter: Meter = field(default_factory=Meter)
+    spend: Spend | Unmetered = field(default_factory=Unmetered)
 
     async def serve(
         self, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
@@ -115,6 +118,7 @@ class Relay:
         try:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
+            run.hold = await self.spend.admit(caller, api, facts, request_id)
             pinned = await self._pinned(api, caller, facts)
             legs = legs_for(api, facts, request_id)
             found = await self.directory.candidates(legs.wires(), facts.model, pinned, native=api.wire,

@@ -12,7 +12,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -21,64 +20,29 @@ from channels_pool.selection import ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core.errors import (
     INTERRUPTED_MESSAGE,
-    PROVIDER_ERROR_MESSAGE,
     STALLED_MESSAGE,
-    ErrorKind,
-    GatewayError,
     UpstreamFailure,
 )
 from core.sse import Event
 from core.usage import Usage
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
+from hopbase.ending import Committed, Ending
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
 from hopbase.releases import Releases
 from hopbase.reply import Reply, error_reply
 
 if TYPE_CHECKING:
     from hopbase.relay import Relay
+    from hopbase.spend import Hold
 
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
-# What a request ended by a drain is told: another process will serve it.
-DRAIN_RETRY_AFTER = 1
 Status = RequestStatus
 
 
 def new_request_id() -> str:
     return "req_" + secrets.token_hex(12)
-
-
-@dataclass
-class Committed:
-    """The attempt the request belongs to now (M1), and what the hold kept."""
-
-    attempt: Attempt
-    watcher: StreamWatcher
-    first_bytes: bytes
-    ended: bool  # the terminal event is already among the first bytes
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a committed request ended. ``message`` None: the error kind's own."""
-
-    status: RequestStatus
-    busy: bool = False
-    message: str | None = None
-    retry_after: int | None = None
-    drained: bool = False  # ended by a graceful drain (D1)
-
-    def stream_error(self, watcher: StreamWatcher) -> bytes:
-        kind = ErrorKind.STREAM_BUSY if self.busy else ErrorKind.STREAM_FAILED
-        return watcher.stream_error(kind, self.message or PROVIDER_ERROR_MESSAGE)
-
-    def error(self) -> GatewayError:
-        if self.drained:
-            return GatewayError(ErrorKind.UNAVAILABLE, self.message, retry_after=DRAIN_RETRY_AFTER)
-        if self.busy:
-            return GatewayError(ErrorKind.ALL_BUSY, self.message, retry_after=self.retry_after or 1)
-        return GatewayError(ErrorKind.ALL_FAILED, self.message)
 
 
 class Run:
@@ -97,6 +61,7 @@ class Run:
         self.started = time.monotonic()
         self.resources = Releases()
         self.attempts = 0
+        self.hold: Hold | None = None  # its budgets' reservation and TPM count (hopbase.spend)
         self.channel: ChannelInfo | None = None
         self.upstream_model = ""  # the model name the channel was sent (an alias's upstream name)
         self.watcher: StreamWatcher | None = None
@@ -354,7 +319,9 @@ class Run:
                 self.relay.meter.stream_closed()
             self._report(status)
         finally:
-            self.relay.recorder.record(self._record(status))
+            record = self._record(status)
+            self.relay.recorder.record(record)
+            self.relay.spend.ended(self.hold, record)
 
     def _report(self, status: RequestStatus) -> None:
         relay, channel, watcher = self.relay, self.channel, self.watcher

@@ -1,0 +1,222 @@
+"""Spend governance at admission (rules G1–G3): a request reserves its worst
+case against every budget covering its key, is refused in its caller's
+terms when one has no room, and its charge replaces the reservation when it
+ends, whatever the ending; thresholds and exhaustion raise their alerts;
+budgets that cannot be checked refuse rather than let spend through.
+
+Mirrors hopbase/spend.py, on the in-process store (billing.budget_store has
+the Redis semantics); the same through a gateway is test_spend_gateway.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from billing.budget_store import LocalBudgetStore, RedisBudgetStore, from_units
+from billing.finished import Finished
+from billing.models import AlertType, Budget
+from core import snapshots
+from core.dependencies import redis as redis_dependency
+from core.errors import ErrorKind, GatewayError
+from core.usage import Usage
+from core.vocabulary import ApiName, RequestStatus
+from hopbase import spend as spend_module
+from hopbase.auth import Caller
+from hopbase.protocols import CHAT, EMBEDDINGS
+from hopbase.protocols.base import dumps
+from hopbase.spend import Spend
+from tests.factories import make_key, make_price, make_tenant
+
+# Committed rows: the guard reads them in its own (async) context, where the test's transaction is not.
+pytestmark = pytest.mark.django_db(transaction=True)
+MODEL = "spend-model"
+
+
+@pytest.fixture(autouse=True)
+def database_in_this_thread(monkeypatch):
+    """The budget and price tables, and a window's seed, read in the test's
+    own thread and transaction rather than on the database pool."""
+    async def here(fn, *args):
+        return fn(*args)
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")  # the test's loop is the test's thread
+    monkeypatch.setattr(snapshots, "database_call", here)
+    monkeypatch.setattr(spend_module, "database_call", here)
+
+
+@pytest.fixture
+def alerts(monkeypatch) -> list[tuple]:
+    raised: list[tuple] = []
+    monkeypatch.setattr(spend_module, "raise_alert", lambda *args: raised.append(args))
+    return raised
+
+
+@pytest.fixture
+def world(settings):
+    settings.HOPBASE_DEFAULT_OUTPUT_CAP = 1000
+    make_price(MODEL, input_usd_per_mtok=Decimal("2"), output_usd_per_mtok=Decimal("10"))
+    tenant = make_tenant(price_multiplier=Decimal("1.5"))
+    key, _ = make_key(tenant)
+    caller = Caller(key_id=key.pk, key_prefix=key.prefix, tenant_id=tenant.pk, tenant_name=tenant.name,
+                    allowed_models=frozenset(), rpm=None, concurrency=None, price_multiplier=tenant.price_multiplier)
+    return tenant, key, caller
+
+
+def chat(max_tokens: int | None = None, text: str = "x" * 400):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+    if max_tokens is not None:
+        body["max_completion_tokens"] = max_tokens
+    return CHAT.parse(body, dumps(body), {})
+
+
+def record(caller: Caller, status: RequestStatus, input_tokens: int, output_tokens: int) -> Finished:
+    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens, input_reported=True, output_reported=True)
+    return caller.finished("req", ApiName.CHAT, status, model=MODEL, usage=usage,
+                           created_at=datetime.now(UTC), prompt_chars=400)
+
+
+def test_a_key_without_budgets_or_tpm_holds_nothing(world):
+    _, _, caller = world
+    assert asyncio.run(Spend(LocalBudgetStore()).admit(caller, CHAT, chat(), "r")) is None
+
+
+def test_the_worst_case_is_the_estimated_input_and_the_output_cap_at_price(world):
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, api_key=key, period="1d", limit_usd=Decimal("10"))
+    store = LocalBudgetStore()
+
+    async def scenario():
+        guard = Spend(store)
+        hold = await guard.admit(caller, CHAT, chat(max_tokens=500), "r1")
+        default = await guard.admit(caller, CHAT, chat(), "r2")
+        embedding = await guard.admit(caller, EMBEDDINGS, EMBEDDINGS.parse(
+            {"model": MODEL, "input": "x" * 40}, b"", {}), "r3")
+        return hold, default, embedding
+
+    hold, default, embedding = asyncio.run(scenario())
+    # 400 characters are 100 tokens: (100 x 2 + 500 x 10) / 10^6 x 1.5; the default cap is 1000 tokens;
+    # embeddings write nothing back: 10 tokens of input alone.
+    reserved = [Decimal("0.0078"), Decimal("0.0153"), Decimal("0.00003")]
+    assert from_units(store.reserved(hold.lines[0])) == sum(reserved)
+    assert hold.lines == default.lines == embedding.lines
+
+
+def test_a_request_that_does_not_fit_is_refused_naming_the_budget_and_its_reset(world, alerts):
+    tenant, key, caller = world
+    budget = Budget.objects.create(tenant=tenant, period="1w", limit_usd=Decimal("0.02"))
+
+    async def scenario():
+        guard = Spend(LocalBudgetStore())
+        await guard.admit(caller, CHAT, chat(max_tokens=500), "r1")  # 0.0078
+        await guard.admit(caller, CHAT, chat(max_tokens=500), "r2")  # 0.0156
+        with pytest.raises(GatewayError) as refused:
+            await guard.admit(caller, CHAT, chat(max_tokens=500), "r3")
+        return refused.value
+
+    refused = asyncio.run(scenario())
+    assert refused.kind is ErrorKind.BUDGET
+    assert "tenant's weekly budget of 0.02 USD" in refused.message
+    assert "it resets at " in refused.message and refused.message.endswith("Z.")
+    # The window's first refusal is its exhaustion (G4): alerted once.
+    assert [(a[0], a[1]) for a in alerts] == [(budget.pk, AlertType.EXHAUSTED)]
+
+
+def test_the_key_and_its_tenant_budgets_both_apply(world):
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, period="1d", limit_usd=Decimal("100"))
+    Budget.objects.create(tenant=tenant, api_key=key, period="1mo", limit_usd=Decimal("0.01"))
+    guard = Spend(LocalBudgetStore())
+
+    async def scenario():
+        await guard.admit(caller, CHAT, chat(max_tokens=500), "r1")
+        with pytest.raises(GatewayError) as refused:
+            await guard.admit(caller, CHAT, chat(max_tokens=500), "r2")
+        return refused.value
+
+    assert f"API key {key.prefix}…'s monthly budget" in asyncio.run(scenario()).message
+
+
+@pytest.mark.parametrize("status", [RequestStatus.COMPLETED, RequestStatus.CANCELLED, RequestStatus.STALLED])
+def test_the_charge_replaces_the_reservation_whatever_the_ending(world, status, alerts):
+    tenant, key, caller = world
+    budget = Budget.objects.create(tenant=tenant, api_key=key, period="1h", limit_usd=Decimal("0.01"),
+                                   alert_at_pct=50)
+    store = LocalBudgetStore()
+
+    async def scenario():
+        guard = Spend(store)
+        hold = await guard.admit(caller, CHAT, chat(max_tokens=500), "r1")
+        guard.ended(hold, record(caller, status, 100, 300))
+        await asyncio.gather(*guard._tasks)
+        return hold
+
+    hold = asyncio.run(scenario())
+    book = store._book(hold.lines[0])
+    # (100 x 2 + 300 x 10) / 10^6 x 1.5 = 0.0048 spent, nothing reserved.
+    assert (from_units(book.spent), store.reserved(hold.lines[0])) == (Decimal("0.0048"), 0)
+    assert alerts == []  # 48 % of the limit: the 50 % threshold not crossed yet
+    asyncio.run(_another(store, caller, 200, 300, alerts))
+    assert [(a[0], a[1], a[3]) for a in alerts] == [(budget.pk, AlertType.THRESHOLD, Decimal("0.0099"))]
+
+
+async def _another(store, caller, input_tokens, output_tokens, alerts):
+    guard = Spend(store)
+    hold = await guard.admit(caller, CHAT, chat(max_tokens=100), "r2")
+    guard.ended(hold, record(caller, RequestStatus.COMPLETED, input_tokens, output_tokens))
+    await asyncio.gather(*guard._tasks)
+
+
+def test_a_refused_or_failed_request_costs_its_budget_nothing(world):
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, period="1d", limit_usd=Decimal("1"))
+    store = LocalBudgetStore()
+
+    async def scenario():
+        guard = Spend(store)
+        hold = await guard.admit(caller, CHAT, chat(max_tokens=500), "r1")
+        guard.ended(hold, record(caller, RequestStatus.FAILED, 100, 300))
+        other = await guard.admit(caller, CHAT, chat(max_tokens=500), "r2")
+        guard.ended(other, None)  # refused after admission (a rate limit): never ran
+        await asyncio.gather(*guard._tasks)
+        return hold
+
+    hold = asyncio.run(scenario())
+    assert (store._book(hold.lines[0]).spent, store.reserved(hold.lines[0])) == (0, 0)
+
+
+def test_a_window_is_seeded_from_the_ledgers_settled_charges(world):
+    from tests.factories import make_log
+
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, api_key=key, period="total", limit_usd=Decimal("1"))
+    make_log(tenant, key=key, model=MODEL, charge_usd=Decimal("0.995"))
+    make_log(tenant, model=MODEL, charge_usd=Decimal("5"))  # another key's: not this budget's
+
+    async def scenario():
+        guard = Spend(LocalBudgetStore())
+        await guard.admit(caller, CHAT, chat(max_tokens=100), "r1")  # 0.0018: fits in the 0.005 left
+        with pytest.raises(GatewayError):
+            await guard.admit(caller, CHAT, chat(max_tokens=500), "r2")
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def redis_breaker():
+    yield redis_dependency
+    redis_dependency.reset()  # the outage below is this test's alone
+
+
+def test_budgets_that_cannot_be_checked_refuse_the_request(world, redis_breaker):
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, period="1d", limit_usd=Decimal("1"))
+    guard = Spend(RedisBudgetStore("redis://127.0.0.1:9/0"))  # nothing listens there
+    for _ in range(2):  # the first finds Redis away, the second is not even let try
+        with pytest.raises(GatewayError) as refused:
+            asyncio.run(guard.admit(caller, CHAT, chat(max_tokens=500), "r1"))
+        assert refused.value.kind is ErrorKind.UNAVAILABLE and refused.value.retry_after
+    assert not redis_breaker.up
