@@ -285,6 +285,7 @@ INSTALLED_APPS = [
     "hopbase",
     "channels_pool",
     "billing",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -316,7 +317,11 @@ TEMPLATES = [
     },
 ]
 
-# Staff passwords (the admin; manage.py createstaff).
+# The tenant console (/console/): a signed-in customer is signed out after
+# this many seconds, however active (K4: sessions expire).
+HOPBASE_CONSOLE_SESSION_AGE = env_int("HOPBASE_CONSOLE_SESSION_AGE", 8 * 3600, minimum=60)
+
+# Staff and console passwords (the admin, manage.py createstaff, createtenantuser).
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
