@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 
 from billing import dashboard
 from hopbase import views
@@ -33,4 +33,5 @@ urlpatterns = [
     re_path(r"^v1/(?P<rest>.*)$", views.unknown_openai_path),
     path("admin/dashboard/", dashboard.view, name="billing_dashboard"),
     path("admin/", admin.site.urls),
+    path("console/", include("console.urls")),
 ]

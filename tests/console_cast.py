@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import time
+
+import pytest
 from dataclasses import dataclass
 
 from django.test import Client
@@ -45,3 +47,9 @@ class Cast:
 def cast() -> Cast:
     a, b = make_tenant(), make_tenant()
     return Cast(a, b, person(a, "alice", "owner"), person(a, "bob", "member"), person(b, "charlie", "owner"))
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Imported by each console test module: hashing at full cost is for production."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,73 @@
+"""The console's overview (K2): the tenant's balance, where each of its
+budgets stands, and its spend and tokens of the last 30 days by day, by
+model and by key.
+
+Every number is aggregated by the database on the (tenant, created_at)
+index, so the page costs the same few queries whatever the number of logs:
+one per chart, and budget_status's one per hundred budgets.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import F, Sum
+from django.db.models.functions import Coalesce, TruncDate
+
+from billing.budget_status import Standing, standings
+from billing.models import Budget, RequestLog
+from hopbase.models import Tenant
+
+DAYS = 30
+TOP = 10  # models and keys shown; the rest are in the logs
+TOKENS = F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_write_tokens")
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    spend: Decimal
+    tokens: int
+    percent: int  # of the largest spend in its chart, for the bar's width
+
+
+@dataclass(frozen=True)
+class Overview:
+    tenant: Tenant
+    since: dt.date
+    budgets: list[Standing]
+    by_day: list[Bar]
+    by_model: list[Bar]
+    by_key: list[Bar]
+
+
+def overview(tenant: Tenant, now: dt.datetime) -> Overview:
+    since = (now - dt.timedelta(days=DAYS - 1)).date()
+    start = dt.datetime.combine(since, dt.time(), tzinfo=dt.timezone.utc)
+    logs = RequestLog.objects.filter(tenant=tenant, created_at__gte=start)
+    totals = {"spend": Coalesce(Sum("charge_usd"), Decimal(0)), "tokens": Coalesce(Sum(TOKENS), 0)}
+
+    days = {row["day"]: row for row in logs.annotate(day=TruncDate("created_at")).values("day").annotate(**totals)}
+    by_day = [(str(day), days.get(day, {"spend": Decimal(0), "tokens": 0}))
+              for day in (since + dt.timedelta(days=n) for n in range(DAYS))]
+    by_model = [(row["model"] or "(none)", row)
+                for row in logs.values("model").annotate(**totals).order_by("-spend", "model")[:TOP]]
+    by_key = [(key_label(row["api_key__prefix"], row["api_key__label"]), row)
+              for row in logs.values("api_key__prefix", "api_key__label").annotate(**totals)
+              .order_by("-spend", "api_key__prefix")[:TOP]]
+    budgets = Budget.objects.filter(tenant=tenant).select_related("tenant", "api_key").order_by("api_key_id", "period")
+    return Overview(tenant, since, list(standings(budgets, now)), bars(by_day), bars(by_model), bars(by_key))
+
+
+def key_label(prefix: str | None, label: str | None) -> str:
+    if prefix is None:
+        return "(no key)"
+    return f"{prefix}… {label}" if label else f"{prefix}…"
+
+
+def bars(rows: list[tuple[str, dict]]) -> list[Bar]:
+    largest = max((row["spend"] for _, row in rows), default=Decimal(0))
+    return [Bar(label, row["spend"], row["tokens"], int(row["spend"] * 100 / largest) if largest > 0 else 0)
+            for label, row in rows]

@@ -1,0 +1,18 @@
+from django.urls import path
+
+from console import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("login/", views.login, name="login"),
+    path("logout/", views.logout_view, name="logout"),
+    path("", views.overview, name="overview"),
+    path("logs/", views.logs, name="logs"),
+    path("logs/<str:request_id>/", views.log_detail, name="log"),
+    path("statement/", views.statement, name="statement"),
+    path("statement.csv", views.statement_csv, name="statement_csv"),
+    path("keys/", views.keys, name="keys"),
+    path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("connect/", views.connect, name="connect"),
+]

@@ -1,0 +1,130 @@
+"""The console's pages (K1–K4): each view reads its request, calls one
+function of a console module and renders. Every page but the sign-in is
+behind ``console_login_required`` and gets the signed-in membership."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import logout
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from billing.exports import CONTENT_TYPES, streamed
+from console import connect as connect_snippets
+from console import keys as key_actions
+from console import logs as log_pages
+from console import statement as statements
+from console.access import console_login_required, owner_only
+from console.filters import FilterError
+from console.models import TenantMembership
+from console.overview import overview as overview_of
+from console.signin import SignInForm, sign_in
+from core.vocabulary import RequestStatus
+
+
+@require_http_methods(["GET", "POST"])
+def login(request: HttpRequest) -> HttpResponse:
+    form = SignInForm(request, request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        sign_in(request, form.user)
+        target = request.POST.get("next", "")
+        safe = url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure())
+        return redirect(target if safe and target.startswith("/console/") else reverse("console:overview"))
+    return render(request, "console/login.html", {"form": form, "next": request.GET.get("next", "")},
+                  status=400 if form.is_bound else 200)
+
+
+@require_POST
+def logout_view(request: HttpRequest) -> HttpResponse:
+    logout(request)
+    return redirect("console:login")
+
+
+@require_GET
+@console_login_required
+def overview(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    return render(request, "console/overview.html", {"m": membership, "o": overview_of(membership.tenant, timezone.now())})
+
+
+@require_GET
+@console_login_required
+def logs(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    page = log_pages.page(membership.tenant, request.GET)
+    return render(request, "console/logs.html", {
+        "m": membership, "page": page, "q": request.GET, "keys": log_pages.tenant_keys(membership.tenant),
+        "statuses": RequestStatus.values,
+    }, status=400 if page.error else 200)
+
+
+@require_GET
+@console_login_required
+def log_detail(request: HttpRequest, membership: TenantMembership, request_id: str) -> HttpResponse:
+    row = log_pages.detail(membership.tenant, request_id)
+    if row is None:
+        raise Http404("No such request")
+    return render(request, "console/log_detail.html", {"m": membership, "row": row})
+
+
+@require_GET
+@console_login_required
+def statement(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    page = statements.page(membership.tenant, request.GET)
+    return render(request, "console/statement.html", {"m": membership, "page": page, "q": request.GET},
+                  status=400 if page.error else 200)
+
+
+@require_GET
+@console_login_required
+def statement_csv(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    try:
+        lines = statements.csv_download(membership.tenant, request.GET)
+    except FilterError as error:
+        return HttpResponse(f"{error}\n", status=400, content_type="text/plain; charset=utf-8")
+    response = StreamingHttpResponse(streamed(lines), content_type=CONTENT_TYPES["csv"])
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="statement-{membership.tenant.pk}-{stamp}.csv"'
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def keys(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    error = None
+    if request.method == "POST":
+        owner_only(membership)
+        try:
+            key, secret = key_actions.create_key(
+                membership, request.POST.get("name", ""), key_actions.requested_models(request.POST.getlist("models"))
+            )
+        except key_actions.KeyRefused as refused:
+            error = str(refused)
+        else:
+            # The one response that carries the secret: rendered here, never stored, never redirected to.
+            return render(request, "console/key_created.html", {"m": membership, "key": key, "secret": secret})
+    return render(request, "console/keys.html", {
+        "m": membership, "keys": key_actions.tenant_keys(membership.tenant),
+        "allowance": key_actions.allowance(membership.tenant), "error": error, "posted": request.POST,
+    }, status=400 if error else 200)
+
+
+@require_POST
+@console_login_required
+def key_revoke(request: HttpRequest, membership: TenantMembership, key_id: int) -> HttpResponse:
+    owner_only(membership)
+    key = key_actions.revoke_key(membership, key_id)
+    if key is None:
+        raise Http404("No such key")
+    messages.success(request, f"Key {key.prefix}… is revoked: requests with it are refused from now on.")
+    return redirect("console:keys")
+
+
+@require_GET
+@console_login_required
+def connect(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    models = key_actions.allowance(membership.tenant).models
+    snippets = connect_snippets.snippets(request.build_absolute_uri("/"), models[0] if models else "MODEL")
+    return render(request, "console/connect.html", {"m": membership, "snippets": snippets, "models": models})
