@@ -195,9 +195,10 @@ class ApiHandler(ASGIHandler):
         Django's spooled temporary file only cost time. Past
         ``HOPBASE_MAX_BODY_BYTES`` the rest is read and dropped (the request
         is refused for its size, 413, by hopbase.intake), so this copy never
-        outgrows the limit. (Twisted, under Daphne, has kept the whole body
-        before the application sees any of it: a front proxy's body limit
-        bounds that, as deploy/nginx.conf sets.)"""
+        outgrows the limit. (Under Daphne a larger body never gets here:
+        hopbase.twisted_web refuses it while it is read and hands the
+        request on with no body and a Content-Length over the limit, which
+        hopbase.intake refuses; this bound stays, a second line.)"""
         keep = settings.HOPBASE_MAX_BODY_BYTES + 1
         body = io.BytesIO()
         while True:

@@ -6,10 +6,28 @@ commands)."""
 from __future__ import annotations
 
 import functools
+import io
+import logging
+from typing import Any
+from urllib.parse import unquote
+
+from django.conf import settings
+
+log = logging.getLogger("hopbase.twisted_web")
+
+# After a body is refused: how long what the client still sends is read and
+# dropped, so that it reads the 413 before the connection is closed.
+LINGER_SECONDS = 2.0
+PLAIN_TOO_LARGE = (
+    b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 24\r\nConnection: close\r\n\r\nRequest body too large.\n"
+)
+_http: Any = None  # twisted.web.http, once the body limit is in place
 
 
 def adjust() -> None:
     name_statuses()
+    limit_request_bodies()
     remember_content_types()
     skip_twisted_access_lines()
     call_sockets_without_log_context()
@@ -76,3 +94,117 @@ def call_sockets_without_log_context() -> None:
 def _call_without_log_context(selectable: object, method, *args):
     """``callWithLogger`` for the reactor's ``_readOrWrite``: the call alone."""
     return method(*args)
+
+
+def limit_request_bodies() -> None:
+    """Twisted reads a request's whole body (in memory, or a temporary file
+    past 100 kB) before Daphne sees the request, and Daphne then puts all of
+    it on the application's queue at once: a client could make a process
+    hold any amount. Here a body over ``HOPBASE_MAX_BODY_BYTES`` is refused
+    while it is read: a declared length over it at once, before the body
+    (and without a ``100 Continue``); a chunked body as soon as what was read
+    passes it, what was kept dropped. A request to the API is then handed on
+    with no body and a Content-Length over the limit (a chunked one's: what
+    was read), so the API answers it as it always has (hopbase.intake: table
+    E's 413 in the caller's format, once its key is read, logged like any
+    refusal, P8); anything else gets a plain 413 here. What the client still
+    sends is read and dropped. The answer goes out with ``Connection:
+    close``, then the connection's sending side is closed, and LINGER_SECONDS
+    later the connection (closing at once, with unread data, would reset it
+    over the answer). So a request holds at most the limit, plus one read.
+    HTTP/2 (Daphne over TLS with h2 installed, not HopBase's shape) is left
+    as it was: the API's own checks stay, a second line."""
+    global _http
+    try:
+        from daphne.http_protocol import WebRequest
+        from twisted.web import http
+    except ImportError:
+        return
+    _http = http
+    WebRequest.gotLength = _got_length
+    WebRequest.handleContentChunk = _handle_content_chunk
+    WebRequest.requestReceived = _request_received
+    WebRequest.hopbase_body_read = 0
+    WebRequest.hopbase_refused = False
+
+
+def _got_length(request, length: int | None) -> None:
+    """``Request.gotLength``: the headers are in, and the declared length
+    (None when chunked)."""
+    if length is not None and length > settings.HOPBASE_MAX_BODY_BYTES and _over_http1(request):
+        request.content = io.BytesIO()
+        _refuse(request, f"declares {length} bytes")
+        return
+    _http.Request.gotLength(request, length)
+
+
+def _handle_content_chunk(request, data: bytes) -> None:
+    """``Request.handleContentChunk``: the next part of the body, counted."""
+    if request.hopbase_refused:
+        return
+    request.hopbase_body_read += len(data)
+    if request.hopbase_body_read > settings.HOPBASE_MAX_BODY_BYTES and _over_http1(request):
+        request.content.close()
+        request.content = io.BytesIO()
+        request.requestHeaders.setRawHeaders(b"content-length", [b"%d" % request.hopbase_body_read])
+        _refuse(request, f"passed {settings.HOPBASE_MAX_BODY_BYTES} bytes")
+        return
+    _http.Request.handleContentChunk(request, data)
+
+
+def _request_received(request, command: bytes, path: bytes, version: bytes) -> None:
+    """``Request.requestReceived``, which the channel calls when the body
+    ends: a refused request was handed on (or answered) already."""
+    if not request.hopbase_refused:
+        _http.Request.requestReceived(request, command, path, version)
+
+
+def _over_http1(request) -> bool:
+    return isinstance(request.channel, _http.HTTPChannel) and request.channel.transport is not None
+
+
+def _refuse(request, why: str) -> None:
+    from hopbase.asgi import API_PREFIXES
+
+    request.hopbase_refused = True
+    request.requestHeaders.removeHeader(b"expect")  # the answer is the 413, not 100 Continue
+    channel = request.channel
+    # Nothing more of this connection is parsed: what comes is dropped.
+    channel.dataReceived = channel.rawDataReceived = channel.lineReceived = _drop
+    channel.persistent = False  # once answered, the channel calls loseConnection
+    channel.writeHeaders = functools.partial(_write_headers_closing, channel)
+    channel.loseConnection = functools.partial(_close_after_answer, channel)
+    peer = getattr(channel.transport.getPeer(), "host", "?")
+    log.info("a request body over the limit was refused while read: it %s (from %s)", why, peer)
+    if unquote(channel._path.decode("latin-1")).startswith(API_PREFIXES):
+        _http.Request.requestReceived(request, channel._command, channel._path, channel._version)
+    else:
+        channel.transport.write(PLAIN_TOO_LARGE)
+        channel.loseConnection()
+
+
+def _drop(*args: object) -> None:
+    """What a refused request's connection does with what it still receives."""
+
+
+def _write_headers_closing(channel, version: bytes, code: bytes, reason: bytes, headers) -> None:
+    """``HTTPChannel.writeHeaders`` for a refused request's answer."""
+    if not headers.hasHeader(b"connection"):
+        headers.setRawHeaders(b"connection", [b"close"])
+    _http.HTTPChannel.writeHeaders(channel, version, code, reason, headers)
+
+
+def _close_after_answer(channel) -> None:
+    """``HTTPChannel.loseConnection`` for a refused request's connection:
+    the answer, then the end of what is sent, then (LINGER_SECONDS later,
+    unless the client closed first) the connection."""
+    from twisted.internet import reactor
+
+    transport = channel.transport
+    channel._networkProducer.unregisterProducer()
+    try:
+        transport.loseWriteConnection()
+    except (AttributeError, NotImplementedError):
+        transport.loseConnection()
+        return
+    reactor.callLater(LINGER_SECONDS, transport.loseConnection)
