@@ -140,6 +140,11 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
                      f"n/a (gateway answered {-tgt['translated_events']})", "—", "—"))
     rows += cloud_rows(tgt)
     rows += embedding_rows(tgt["embeddings"])
+    governed = tgt["governed"]
+    plain, held = per(governed["gateway"]), per(governed["governed"])
+    rows.append(("CPU per request, a key with two budgets and a TPM limit (one token, non-stream)",
+                 f"{plain * 1e3:.2f} ms (a key with none)", f"{held * 1e3:.2f} ms",
+                 f"{ratio(governed['governed'], governed['gateway'])}, {(held - plain) * 1e3:+.3f} ms", "≤ +0.1 ms"))
     served = tgt["serve"]
     daphne_alone, alone, two = per(served["gateway"]), per(served["serve1"]), per(served["serve"])
     shares = sorted(served["serve"]["per_pid"].values())
@@ -179,8 +184,8 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     errors = [f"{key}/{name}: {dict(samples.errors)}" for key in ("whole_serial", "chat_stream_serial", "whole_raw")
               for name, samples in res[key].items() if samples.errors]
-    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation", "clouds", "paced", "embeddings")
-                if tgt.get(key)}
+    measured = {key: tgt[key] for key in ("whole", "serve", "long", "translation", "clouds", "paced", "embeddings",
+                                          "governed") if tgt.get(key)}
     errors += [f"{key}/{name}: {dict(t['errors'])}" for key, targets in measured.items()
                for name, t in targets.items() if t["errors"]]
     if "open" in tgt and tgt["open"]["errors"]:

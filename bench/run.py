@@ -64,7 +64,10 @@ serve --workers 2`` on the same database. Then it measures:
 6. CPU per embeddings request (a 1,536-number vector): the bare relay
    against the gateway passing an OpenAI channel's floats and its base64
    through, and translating a Vertex ``:predict`` answer into floats;
-7. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
+7. CPU per non-stream request of a key with two budgets (its own and its
+   tenant's) and a TPM limit against the demo key, which has none: what
+   admission under spend governance adds (in-process stores: no REDIS_URL);
+8. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
    once, how many of the upstream requests the simulator saw hung up on.
@@ -124,6 +127,7 @@ from bench.targets import (
 from hopbase.management.commands.serve import listening_sockets
 
 TRANSLATED_MODEL = "bench-translated"  # served only by an Anthropic channel: chat requests for it are translated
+GOVERNED_TENANT = "bench-governed"
 
 BIN = Path(sys.executable).parent
 
@@ -188,6 +192,11 @@ def main() -> int:
         manage(["addchannel", "bench-anthropic", "--protocol", "anthropic", "--base-url", sim_url,
                 "--api-key", "sk-simulated", "--models", TRANSLATED_MODEL], env)
         manage(["setprice", TRANSLATED_MODEL, "--input", "1", "--output", "2"], env)
+        # A key under spend governance: its tenant's budget, its own, and a TPM limit, none ever reached.
+        manage(["createtenant", GOVERNED_TENANT, "--balance", "1000000"], env)
+        governed_key = manage(["createapikey", GOVERNED_TENANT, "--tpm", "1000000000", "--budget-usd", "1000000",
+                               "--budget-period", "1d"], env).strip().splitlines()[-1]
+        manage(["setbudget", "--tenant", GOVERNED_TENANT, "--usd", "1000000", "--period", "1mo"], env)
 
         sim_args = [sys.executable, "manage.py", "simulate_upstream", "--host", "127.0.0.1", "--port", str(sim_port)]
         daphne = [str(BIN / "daphne")] if (BIN / "daphne").exists() else [sys.executable, "-m", "daphne"]
@@ -252,10 +261,11 @@ def main() -> int:
         floor = Target("floor", floor_url, sim_headers, {})
         served = Target("serve", serve_url, chat_headers, {})
         served1 = Target("serve1", serve1_url, chat_headers, {})
+        governed = Target("governed", gw_url, {**chat_headers, "authorization": f"Bearer {governed_key}"}, {})
         floor2 = Target("floor2", f"http://127.0.0.1:{floor2_port}", sim_headers, {})
         pids = {"gateway": gw.pid, "simulator": sim.pid, "client": os.getpid()}
         cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers, "serve1": serve1_workers,
-                    "floor2": floor2_pids}
+                    "floor2": floor2_pids, "governed": [gw.pid]}
 
         started = time.monotonic()
         results = asyncio.run(measure(args, gateway, floor, direct, sim_url, pids))
@@ -263,7 +273,7 @@ def main() -> int:
         if profiler is not None:
             profilers.append(profiler)
         targets = asyncio.run(measure_targets(args, gateway, floor, served, served1, floor2, direct, sim_url, cpu_pids,
-                                              TRANSLATED_MODEL))
+                                              TRANSLATED_MODEL, governed))
         if profiler is not None:
             profiler.stop()
         settings.append(f"duration:  {time.monotonic() - started:.1f} s of measuring")

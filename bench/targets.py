@@ -334,7 +334,8 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
 
 
 async def measure_targets(args, gateway: Target, floor: Target, served: Target, served1: Target, floor2: Target,
-                          direct: Target, sim_url: str, pids: dict[str, list[int]], translated_model: str) -> dict:
+                          direct: Target, sim_url: str, pids: dict[str, list[int]], translated_model: str,
+                          governed: Target) -> dict:
     out: dict = {}
     c = args.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
@@ -379,6 +380,10 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
         log("CPU per non-stream request: one gateway process, serve --workers 1 and 2; the floor in one process, in two")
         out["serve"] = await cpu_rounds([gateway, served1, served, floor, floor2], pids, args.requests, c,
                                         one_whole_of(whole[50]))
+        await client.delete(sim_url + "/_sim/records")
+        log("CPU per non-stream request of one token: the demo key, a key with two budgets and a TPM limit")
+        await interleaved([governed], 20, c, one_whole_of(whole[1]))  # warm-up: its budgets' windows seeded
+        out["governed"] = await cpu_rounds([gateway, governed], pids, args.requests, c, one_whole_of(whole[1]))
         await client.delete(sim_url + "/_sim/records")
 
         log("CPU per chat stream read by a bare aiohttp client: 50 tokens, one token")
