@@ -132,6 +132,8 @@ CLOUDS: dict[str, list[tuple[str, str, str, int, str]]] = {
     "cloud-vertex-claude": [("vertex", "main", "ok", 0, VERTEX_CLAUDE)],
     # A service account of its own, used by one test only: its exchanges are countable.
     "cloud-vertex-burst": [("vertex", "main", "account=burst", 0, VERTEX_GEMINI)],
+    # Another account of its own, whose tokens a test makes short-lived.
+    "cloud-vertex-expiring": [("vertex", "main", "account=expiring", 0, VERTEX_GEMINI)],
     # The token endpoint refuses the key (invalid_grant, as for a deleted or disabled key).
     "cloud-vertex-refused": [("vertex", "bad", "token_status=400", 10, VERTEX_GEMINI),
                              ("gemini", "good", "ok", 0, "gemini-upstream")],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
@@ -28,6 +29,7 @@ from billing.models import LedgerEntry, RequestLog
 from billing.settlement import Outcome, settle
 from channels_pool.models import ChannelHealth
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID
+from channels_pool.simulator.cloud_auth import DEFAULT_TOKEN_TTL
 from core.errors import CONTENT_FILTERED_MESSAGE
 from tests.cloud_clients import AZURE_VERSION, frames
 from tests.conftest import AZURE_DEPLOYMENT, BEDROCK_CLAUDE, VERTEX_CLAUDE, VERTEX_GEMINI
@@ -456,6 +458,29 @@ def test_one_token_exchange_serves_many_concurrent_requests(gateway, world, simu
     assert exchanges() == 1
     logs = [one_log(r.headers["x-hopbase-request-id"]) for r in responses]
     assert {(log.status, log.attempts, log.output_tokens) for log in logs} == {("completed", 1, 2)}
+
+
+EXPIRING_ACCOUNT = "sim-account-expiring@hopbase-sim.iam.gserviceaccount.com"  # cloud-vertex-expiring's key
+
+
+def test_a_token_is_exchanged_anew_shortly_before_it_expires_mid_run(gateway, world, simulator):
+    def exchanges() -> int:
+        return httpx.get(f"{simulator.url}/_sim/tokens", timeout=5).json()["by_client"].get(EXPIRING_ACCOUNT, 0)
+
+    def answered() -> bool:
+        response = post(gateway, "gemini", world.key, "cloud-vertex-expiring", prompt(new_tag(), tokens=2))
+        return response.status_code == 200
+
+    # Tokens issued from now live 61 s: renewed a minute before expiry, each serves for 1 s.
+    httpx.post(f"{simulator.url}/_sim/tokens", params={"ttl": 61}, timeout=5)
+    try:
+        assert answered() and exchanges() == 1
+        exchanged_at = time.monotonic()
+        assert answered() and exchanges() == 1  # still good: one exchange serves on
+        time.sleep(max(0.0, exchanged_at + 1.2 - time.monotonic()))  # nothing to await but the clock
+        assert answered() and exchanges() == 2  # renewed before it expired, without a failed request
+    finally:
+        httpx.post(f"{simulator.url}/_sim/tokens", params={"ttl": DEFAULT_TOKEN_TTL}, timeout=5)
 
 
 def test_a_refused_token_exchange_fails_over_and_tells_only_the_operator(gateway, world, simulator):
