@@ -151,3 +151,32 @@ def test_a_redis_outage_lets_requests_through_fast_and_leaves_no_counter_behind(
         assert [h.result().status for h in holders] == [200, 200]
     wait_until(lambda: not any(slot_counts(rig).values()), within=HANG, message=f"slots left: {slot_counts(rig)}")
     assert rig.log_text().count("redis unreachable") == warnings_before + 1  # one warning per outage
+
+
+@pytest.mark.parametrize("outage", OUTAGES)
+def test_a_redis_outage_refuses_keys_with_budgets_rather_than_let_spend_through(rig, world, outage):
+    """Budgets fail closed (G2, D3): while Redis is away a key with a budget
+    is refused in its caller's format with a retry-after, a key without one
+    is served as before, and the budgeted key is served again once Redis answers."""
+    from decimal import Decimal
+
+    from billing.models import Budget
+
+    if rig.redis is None:
+        pytest.skip("no REDIS_URL: budgets are this process's own")
+    budgeted, secret = ApiKey.objects.issue(Tenant.objects.get(pk=world.tenant_id), label="budgeted")
+    Budget.objects.create(tenant=budgeted.tenant, api_key=budgeted, period="1d", limit_usd=Decimal("1000"))
+    wait_until(lambda: rig.send("chat", "warm [sim tokens=1]", secret).status == 200, within=HANG)
+    warm_up(rig)
+    getattr(rig.redis, outage)()
+    try:
+        for api in APIS:
+            refused = rig.send(api, "hi [sim tokens=1]", secret)
+            assert refused.status == 503 and ERROR_CLASS[api](refused.json()) == UNAVAILABLE[api], refused.body
+            assert int(refused.headers["retry-after"]) >= 1 and refused.took < HANG
+            assert wait_for_log(refused.request_id).status == "rejected"
+        assert rig.send("chat", "hi [sim tokens=1]").status == 200  # no budget: served as before
+    finally:
+        rig.redis.restore()
+    wait_until(lambda: rig.send("chat", "back [sim tokens=1]", secret).status == 200, within=HANG,
+               message="the budgeted key was not served again once Redis answered")
