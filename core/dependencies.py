@@ -123,12 +123,16 @@ def async_redis(url: str, timeout: float = REDIS_TIMEOUT) -> Any:
     return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
 
 
-def sync_redis(url: str, timeout: float) -> Any:
+def sync_redis(url: str, timeout: float, **options: Any) -> Any:
+    """A blocking client with ``timeout`` to connect and to read, and no
+    retries; ``options`` go to redis-py (a client name, say)."""
     from redis import Redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+    return Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), **options
+    )
 
 
 class LoopRedis:

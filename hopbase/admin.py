@@ -217,13 +217,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke_keys(self, request, queryset) -> None:
-        live = list(queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True))
-        now = timezone.now()
-        revoked = ApiKey.objects.filter(pk__in=live, revoked_at__isnull=True).update(revoked_at=now)
-        for key in ApiKey.objects.filter(pk__in=live, revoked_at=now).select_related("tenant"):
+        # Announced to every gateway process through Redis (hopbase.revocations).
+        revoked = queryset.revoke()
+        for key in revoked:
             self.log_change(request, key, "Revoked.")
         messages.success(
             request,
-            f"Revoked {revoked} key(s); gateways stop accepting them within "
-            f"{settings.HOPBASE_CONFIG_TTL:g} s (their cached copy).",
+            f"Revoked {len(revoked)} key(s); every gateway stops accepting them at once (within "
+            f"{settings.HOPBASE_CONFIG_TTL:g} s where Redis does not answer).",
         )

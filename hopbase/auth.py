@@ -2,25 +2,30 @@
 a tenant through a short-lived in-process cache so the hot path does not ask
 the database for a key it has just seen.
 
-A revoked key keeps working for at most HOPBASE_CONFIG_TTL seconds (5 by
-default) in each gateway process that had it cached. A key past its expiry
-date (``ApiKey.expires_at``) is refused like a revoked one, from that very
-moment: the cached copy carries the date. Both caches (keys found, keys
-not found) are bounded and let the least recently used entry go first.
+A key past its expiry date (``ApiKey.expires_at``) is refused like a
+revoked one, from that very moment: the cached copy carries the date. A
+revocation reaches every process at once through Redis
+(hopbase.revocations: ``KeyCache.refuse`` marks the cached copy refused);
+where that message is missed, a revoked key keeps working for at most
+HOPBASE_CONFIG_TTL seconds (5 by default) in each process that had it
+cached. Both caches (keys found, keys not found) are bounded and let the
+least recently used entry go first.
 
 While the database is unreachable (D3) a key is answered from what this
-process last learnt of it, for up to HOPBASE_STALE_MAX_AGE seconds (a key
-revoked meanwhile keeps working as long); a key it knows nothing of raises
+process last learnt of it, for up to HOPBASE_STALE_MAX_AGE seconds, unless
+Redis remembers it was revoked since (one GET on that stale path only:
+``revocations.refused_since``); a key it knows nothing of raises
 ``DatabaseUnavailable`` (503 in the caller's format, with retry-after),
-never the "no such key" answer.
+never the "no such key" answer. With Redis down too, a key revoked during
+the outage keeps working until HOPBASE_STALE_MAX_AGE.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -32,6 +37,7 @@ from core.dependencies import database
 from core.errors import DatabaseUnavailable
 from core.snapshots import database_call, in_background, stale_max_age
 from core.vocabulary import ApiName, RequestStatus
+from hopbase import revocations
 from hopbase.models import KEY_PREFIX, ApiKey, hash_secret
 
 # Bound the cache so a flood of random keys cannot grow it without limit;
@@ -113,8 +119,13 @@ class Entry:
 
 
 class KeyCache:
-    def __init__(self, load: Callable[[str], Caller | None] = _load) -> None:
+    def __init__(
+        self,
+        load: Callable[[str], Caller | None] = _load,
+        refused_since: Callable[[str], Awaitable[float | None]] = revocations.refused_since,
+    ) -> None:
         self._load = load
+        self._refused_since = refused_since
         self._known: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._unknown: OrderedDict[str, Entry] = OrderedDict()
         self._refreshing: set[str] = set()
@@ -150,13 +161,50 @@ class KeyCache:
                 # down: what was last known, at once.
                 if digest not in self._refreshing and database.due():
                     in_background(self._refresh_quietly(secret, digest))
-                return entry.caller
+                return entry.caller if database.up else await self._stale(digest, entry)
         try:
             return await self._refresh(secret, digest)
         except DatabaseUnavailable:
             if entry is not None and time.monotonic() - entry.loaded_at <= stale_max_age():
-                return entry.caller
+                return await self._stale(digest, entry)
             raise
+
+    async def _stale(self, digest: str, entry: Entry) -> Caller | None:
+        """What was last known of a key while the database cannot say, unless
+        Redis remembers the key was refused since: this process may have been
+        cut off from Redis when that was announced. Asked only here, never on
+        the normal path; a Redis that does not answer is not waited for (its
+        breaker) and the copy is served."""
+        caller = entry.caller
+        if caller is None or caller.expired():
+            return caller
+        refused_from = await self._refused_since(digest)
+        if refused_from is None or (caller.expires_at is not None and caller.expires_at <= refused_from):
+            return caller
+        self.refuse(digest, refused_from)  # the next request need not ask
+        return replace(caller, expires_at=refused_from)
+
+    def refuse(self, digest: str, refused_from: float) -> bool:
+        """Mark the cached key with this hash refused from ``refused_from``
+        (Unix time) on, if its copy says later or never; False when this
+        process does not hold it (its next look-up asks the database).
+
+        Called from the revocation listener's thread as well as the event
+        loop: it only replaces the value of an entry (one assignment, atomic
+        under the GIL), never moves or removes one, so the loop's own use of
+        the cache is never disturbed. An entry dropped by the loop between
+        the look-up and the assignment comes back refused: one entry past
+        the bound until the next store, and never a key served wrongly. (A
+        refresh that read the key just before its revocation committed may
+        store the live copy again: served until its TTL, as without Redis.)"""
+        entry = self._known.get(digest)
+        if entry is None or entry.caller is None:
+            return False
+        expires_at = entry.caller.expires_at
+        if expires_at is not None and expires_at <= refused_from:
+            return False
+        self._known[digest] = replace(entry, caller=replace(entry.caller, expires_at=refused_from))
+        return True
 
     async def _refresh(self, secret: str, digest: str) -> Caller | None:
         self._refreshing.add(digest)

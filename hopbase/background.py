@@ -7,7 +7,10 @@ request (``hopbase.asgi.ApiHandler.handle`` calls ``ensure_started()``):
 - dead gateway processes' spools replayed into request logs (billing.jobs,
   at start and every 10 s);
 - the settlement sweep, only without REDIS_URL, where there is no Celery
-  beat (billing.jobs, every HOPBASE_SWEEP_INTERVAL s).
+  beat (billing.jobs, every HOPBASE_SWEEP_INTERVAL s);
+- with REDIS_URL, the listener for key revocations, which marks a revoked
+  key refused in this process's cache the moment it is announced
+  (hopbase.revocations; not periodic: subscribed for as long as it runs).
 
 Each runs on a daemon thread of its own (core.periodic), apart from the
 request-log writer (billing.recorder), so a database outage waited out by
@@ -24,20 +27,34 @@ import atexit
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from billing.jobs import settlement_sweep, spool_replayer
 from channels_pool.jobs import health_writer, provider_state_writer
-from core.periodic import Periodic
 from hopbase.key_usage import key_usage_writer
+from hopbase.revocations import listener
+
+
+class Job(Protocol):
+    """What a background job offers (core.periodic.Periodic, hopbase.revocations.Subscriber)."""
+
+    name: str
+
+    def start(self) -> Job: ...
+    def request_stop(self) -> None: ...
+    def stop(self, timeout: float = 10) -> bool: ...
+    @property
+    def running(self) -> bool: ...
+
 
 # Each makes one job (not started), or None when it has nothing to do here.
-JOBS: tuple[Callable[[], Periodic | None], ...] = (
-    health_writer, provider_state_writer, key_usage_writer, settlement_sweep, spool_replayer,
+JOBS: tuple[Callable[[], Job | None], ...] = (
+    health_writer, provider_state_writer, key_usage_writer, settlement_sweep, spool_replayer, listener,
 )
 STOP_TIMEOUT = 5.0
 
 _started = False
-_jobs: list[Periodic] = []
+_jobs: list[Job] = []
 _lock = threading.Lock()
 
 

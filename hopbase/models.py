@@ -3,6 +3,12 @@
 Only a SHA-256 hash of each key secret is stored. The secrets are 240 random
 bits, so an unkeyed hash is enough to make a stolen table useless, and it
 keeps working if SECRET_KEY is rotated.
+
+A key that becomes refused (revoked, or given an expiry) is announced to
+every gateway process when its transaction commits (hopbase.revocations),
+whichever way it was changed: ``ApiKey.revoke``, ``ApiKeyQuerySet.revoke``
+or a save of ``revoked_at`` or ``expires_at``. (``QuerySet.update`` of those
+fields would bypass it: use these.)
 """
 
 from __future__ import annotations
@@ -11,12 +17,19 @@ import hashlib
 import secrets
 from decimal import Decimal
 
+from collections.abc import Iterable
+from datetime import datetime
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from hopbase import revocations
+
 KEY_PREFIX = "hb-"
 DISPLAY_PREFIX_LENGTH = 11
+# A saved change to either can make a key refused earlier than a gateway's cached copy says.
+REFUSAL_FIELDS = frozenset({"revoked_at", "expires_at"})
 
 
 def hash_secret(secret: str) -> str:
@@ -57,6 +70,17 @@ class ApiKeyQuerySet(models.QuerySet):
         if not secret.startswith(KEY_PREFIX):
             return None
         return self.active().unexpired().select_related("tenant").filter(key_hash=hash_secret(secret)).first()
+
+    def revoke(self) -> list[ApiKey]:
+        """Revoke the keys of this queryset not revoked yet, all at one
+        moment, and announce it when the transaction commits; returns the
+        keys this call revoked (not those someone revoked meanwhile)."""
+        now = timezone.now()
+        live = list(self.filter(revoked_at__isnull=True).values_list("pk", flat=True))
+        ApiKey.objects.filter(pk__in=live, revoked_at__isnull=True).update(revoked_at=now)
+        revoked = list(ApiKey.objects.filter(pk__in=live, revoked_at=now).select_related("tenant"))
+        announce_refusals(revoked)
+        return revoked
 
     def issue(self, tenant: Tenant, **fields) -> tuple[ApiKey, str]:
         """Create a key and return it with its secret, which is never stored."""
@@ -113,6 +137,19 @@ class ApiKey(models.Model):
     def expired(self) -> bool:
         return self.expires_at is not None and self.expires_at <= timezone.now()
 
+    @property
+    def refused_from(self) -> datetime | None:
+        """From when the key is refused: the earlier of its revocation and its expiry; None: not so far."""
+        moments = [m for m in (self.revoked_at, self.expires_at) if m is not None]
+        return min(moments) if moments else None
+
+    def save(self, *args, **kwargs) -> None:
+        known = not self._state.adding  # a key just made is in no gateway's cache
+        super().save(*args, **kwargs)
+        fields = kwargs.get("update_fields")
+        if known and (fields is None or REFUSAL_FIELDS.intersection(fields)):
+            announce_refusals([self])
+
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
 
@@ -120,3 +157,12 @@ class ApiKey(models.Model):
         if self.revoked_at is None:
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
+
+
+def announce_refusals(keys: Iterable[ApiKey]) -> None:
+    """Tell every gateway process, once the transaction commits, from when
+    each of these keys is refused (those that are)."""
+    revocations.announce([
+        revocations.Refusal(key.key_hash, key.refused_from.timestamp(), key.prefix)
+        for key in keys if key.refused_from is not None
+    ])

@@ -238,10 +238,12 @@ HOPBASE_DRAIN_TIMEOUT = env_seconds("HOPBASE_DRAIN_TIMEOUT", 30)
 # Gateway limits and caches of our own.
 HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, minimum=1024)
 # How long a key, channel list or price list is trusted before the database is
-# asked again; a revoked key stops working within this many seconds.
+# asked again. A revoked key is refused at once where Redis carries the news
+# (hopbase.revocations), within this many seconds where it does not.
 HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
 # While the database is unreachable, how long a key, channel list or price
-# list already known is still served (D3); a key never seen gets a 503.
+# list already known is still served (D3); a key never seen gets a 503. With
+# Redis unreachable too, a key revoked meanwhile may be served as long.
 HOPBASE_STALE_MAX_AGE = env_seconds("HOPBASE_STALE_MAX_AGE", 600)
 HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
 HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)

@@ -136,7 +136,8 @@ def make_data(world: World) -> tuple[str, int, dict[str, int]]:
     return secret, row.pk, channels
 
 
-def start_rig(world: World) -> Rig:
+def start_rig(world: World, timers: dict[str, str] | None = None) -> Rig:
+    """``timers`` over the tests' GATEWAY_TIMERS (a longer HOPBASE_CONFIG_TTL, say)."""
     secret, key_id, channels = make_data(world)
     database = redis = None
     database_url = database_url_for_subprocess()
@@ -144,7 +145,7 @@ def start_rig(world: World) -> Rig:
         db = connection.settings_dict
         database = TcpProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)).start()
         database_url = through(database_url, database)
-    env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url}
+    env = {**GATEWAY_TIMERS, **(timers or {}), "DATABASE_URL": database_url}
     if settings.REDIS_URL:
         parts = urlsplit(settings.REDIS_URL)
         redis = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 6379).start()
@@ -188,3 +189,17 @@ def slot_counts(rig: Rig) -> dict[str, int]:
     now_ms = int(client.time()[0] * 1000)
     names = [f"key:{rig.key_id}"] + [f"channel:{cid}" for cid in rig.channels.values()]
     return {name: client.zcount(SLOTS_PREFIX + name, now_ms, "+inf") for name in names}
+
+
+def wait_for_revocation_listener(rig: Rig, within: float = HANG) -> None:
+    """Until the gateway's revocation listener is subscribed (its Redis
+    connection is named after its process: hopbase.revocations)."""
+    import redis as redis_lib
+
+    client = redis_lib.Redis.from_url(settings.REDIS_URL)
+    name = f"hopbase-revocations-{rig.gateway.process.pid}"
+
+    def subscribed() -> bool:
+        return any(c["name"] == name and c["sub"] == "1" for c in client.client_list(_type="pubsub"))
+
+    wait_until(subscribed, within=within, every=0.05, message=f"no Redis connection named {name} is subscribed")

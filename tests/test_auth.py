@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from dataclasses import replace
 from decimal import Decimal
 
@@ -16,9 +17,11 @@ from django.db import OperationalError
 from django.test import AsyncClient
 
 from core import dependencies, snapshots
+from core.dependencies import LoopRedis
 from core.errors import DatabaseUnavailable
-from hopbase import auth
+from hopbase import auth, revocations
 from hopbase.auth import Caller, KeyCache
+from hopbase.models import hash_secret
 
 KNOWN = "hb-known-key"
 OTHER = "hb-other-key"
@@ -272,3 +275,89 @@ def test_the_database_finds_no_expired_key():
     loaded = auth._load(future)
     assert loaded is not None and loaded.expires_at == pytest.approx(row.expires_at.timestamp())
     assert auth._load(past) is None
+
+
+# -- revocations announced through Redis (issue 30, item 3; hopbase.revocations) -----------
+
+
+class Markers:
+    """What Redis remembers of keys refused lately, and how often it is asked."""
+
+    def __init__(self) -> None:
+        self.moments: dict[str, float] = {}
+        self.asked = 0
+
+    async def __call__(self, digest: str) -> float | None:
+        self.asked += 1
+        return self.moments.get(digest)
+
+
+def test_a_key_revoked_while_the_database_is_down_is_refused_on_the_stale_path(quick):
+    table = Keys()
+    markers = Markers()
+    cache = KeyCache(table, markers)
+
+    async def scenario() -> None:
+        assert await cache.authenticate(KNOWN) == caller()
+        table.down = True
+        await asyncio.sleep(0.06)  # past the TTL: what is served now is the stale copy
+        assert await cache.authenticate(KNOWN) == caller()  # nothing remembered: served
+        # Revoked, and announced while this process was cut off from Redis.
+        markers.moments[hash_secret(KNOWN)] = time.time() - 1
+        assert await cache.authenticate(KNOWN) is None
+        assert not cache.knows(KNOWN)
+        asked = markers.asked
+        assert await cache.authenticate(KNOWN) is None
+        assert markers.asked == asked  # known to be refused: Redis is not asked again
+
+    asyncio.run(scenario())
+
+
+def test_redis_is_never_asked_on_the_normal_path(quick):
+    table = Keys()
+    markers = Markers()
+    markers.moments[hash_secret(KNOWN)] = time.time() - 1
+    cache = KeyCache(table, markers)
+
+    async def scenario() -> None:
+        for _ in range(3):
+            assert await cache.authenticate(KNOWN) == caller()  # loaded, then fresh
+        await asyncio.sleep(0.06)
+        assert await cache.authenticate(KNOWN) == caller()  # refreshed from a database that answers
+
+    asyncio.run(scenario())
+    assert markers.asked == 0
+    assert len(table.calls) == 2
+
+
+def test_an_announcement_only_ever_brings_a_refusal_earlier(quick):
+    cache = KeyCache(Keys(), Markers())
+    asyncio.run(cache.authenticate(KNOWN))
+    digest, soon = hash_secret(KNOWN), time.time() + 60
+    assert cache.refuse(digest, soon)
+    assert not cache.refuse(digest, soon + 60)  # a later expiry crossing it changes nothing
+    assert cache.knows(KNOWN)  # refused from ``soon`` on, not yet
+    assert cache.refuse(digest, time.time() - 1)
+    assert not cache.knows(KNOWN)
+    assert not cache.refuse(hash_secret(OTHER), time.time())  # not held: the database is asked next time
+
+
+def test_the_stale_path_reads_the_marker_a_revocation_left_in_redis(quick, settings, monkeypatch):
+    if not settings.REDIS_URL:
+        pytest.skip("no REDIS_URL")
+    monkeypatch.setattr(revocations, "_redis", LoopRedis())  # clients of this test's own event loop
+    dependencies.redis.reset()
+    secret = f"hb-stale-{uuid.uuid4().hex}"
+    table = Keys()
+    table.rows[secret] = caller(2)
+    cache = KeyCache(table)  # a process that heard nothing: only Redis's marker tells
+
+    async def scenario() -> None:
+        assert await cache.authenticate(secret) == caller(2)
+        table.down = True
+        await asyncio.sleep(0.06)
+        assert await cache.authenticate(secret) == caller(2)
+        revocations.publish([revocations.Refusal(hash_secret(secret), time.time())])
+        assert await cache.authenticate(secret) is None
+
+    asyncio.run(scenario())

@@ -81,7 +81,8 @@ def test_the_real_jobs_are_the_gateways(settings):
     settings.REDIS_URL = None
     assert names() == ["channel-health", "provider-state", "api-key-last-used", "settlement-sweep", "spool-replay"]
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    assert names() == ["channel-health", "provider-state", "api-key-last-used", "spool-replay"]  # beat sweeps
+    # Beat sweeps; revocations come through Redis.
+    assert names() == ["channel-health", "provider-state", "api-key-last-used", "spool-replay", "key-revocations"]
 
 
 def test_an_api_request_starts_them(fake_jobs):
