@@ -24,7 +24,7 @@ So a graceful drain takes two pieces, both here:
 
 Meanwhile a new request is refused (hopbase.admission), ``/readyz`` says
 503 (hopbase.readiness), and a request's own work reads ``is_draining()``
-and ``drain_deadline()``: hopbase.run ends a stream still open at the
+and ``drain_deadline()``: hopbase.delivery ends a stream still open at the
 deadline with its protocol's interruption event, and a held answer with
 table E's 503.
 """

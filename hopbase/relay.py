@@ -6,7 +6,7 @@ content token, failover before it, then the committed stream (rules F, B1).
       -> hold: attempt channel after channel until one yields a content
          token (or its terminal event, or the hold cap passes)
       -> commit: status, headers, the held preamble and that token go out
-         together; then events pass through unchanged (hopbase.run)
+         together; then events pass through unchanged (hopbase.delivery)
       -> one Finished record to the recorder, whatever happened
 
 Nothing here knows which API it is relaying: the protocol module marks

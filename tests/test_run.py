@@ -15,7 +15,7 @@ import pytest
 from channels_pool.upstream import Attempt
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
-from hopbase import run as run_module
+from hopbase import delivery
 from hopbase.drain import Drain
 from hopbase.protocols import CHAT, GEMINI_CACHES
 from hopbase.protocols.openai_chat import ChatWatcher
@@ -223,7 +223,7 @@ def test_a_fault_of_the_gateways_own_in_an_answer_assembled_whole_is_raised_and_
 
 
 def test_an_answer_assembled_whole_is_journalled_as_it_comes_not_while_its_channel_is_silent(monkeypatch):
-    monkeypatch.setattr(run_module, "JOURNAL_EVERY", 0.02)
+    monkeypatch.setattr(delivery, "JOURNAL_EVERY", 0.02)
     upstream = Upstream()
     reads = [chat_chunk(f" w{i}") for i in range(10)]
     upstream.channel("a", [PREAMBLE, chat_chunk("Hi"), *(step for read in reads for step in (0.01, read)), Hang()])
