@@ -11,6 +11,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import LedgerEntry, RequestLog
+from core.money import usd_text
 from core.row_insert import insert_rows
 from hopbase.models import Tenant
 
@@ -96,6 +97,11 @@ def top_up(tenant: Tenant, amount_usd: Decimal, note: str = "top-up") -> LedgerE
     if amount_usd <= 0:
         raise ValueError("a top-up must be a positive amount")
     return post_entry(tenant.pk, LedgerEntry.Kind.TOPUP, amount_usd, note=note)
+
+
+def topped_up(entry: LedgerEntry) -> str:
+    """The admin log's sentence for a top-up: the admin's and the topup command's alike."""
+    return f"Topped up {usd_text(entry.amount_usd)} USD (ledger entry #{entry.pk})."
 
 
 def top_up_once(

@@ -24,7 +24,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from billing.budget_status import standings
-from billing.ledger import TopUpMismatch, top_up_once
+from billing.ledger import TopUpMismatch, top_up_once, topped_up
 from core.money import usd_text
 from hopbase import audit  # noqa: F401  (registers the admin log's read-only view)
 from hopbase.forms import ApiKeyForm, TopUpForm
@@ -90,7 +90,7 @@ class TenantAdmin(admin.ModelAdmin):
                 form.add_error(None, "This form was already used for another top-up: open the top-up page again.")
             else:
                 if created:
-                    self.log_change(request, tenant, f"Topped up {usd_text(amount)} USD (ledger entry #{entry.pk}).")
+                    self.log_change(request, tenant, topped_up(entry))
                     messages.success(
                         request,
                         f"Topped up {tenant.name} by {usd_text(amount)} USD; "

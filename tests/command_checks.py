@@ -1,11 +1,14 @@
 """What the operator-command tests share: running a command, and checking that a
-refused command fails with one line and writes nothing (tests/test_commands_*.py)."""
+refused command fails with one line and writes nothing, no audit row and no
+user for its actor included (tests/test_commands_*.py)."""
 
 from __future__ import annotations
 
 import io
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -23,7 +26,7 @@ def run(*args: str) -> str:
 
 
 def counts() -> dict[str, int]:
-    return {model.__name__: model.objects.count() for model in ALL_MODELS}
+    return {model.__name__: model.objects.count() for model in (*ALL_MODELS, LogEntry, get_user_model())}
 
 
 def assert_refused(*args: str, match: str) -> CommandError:

@@ -22,6 +22,7 @@ from billing import ledger
 from billing.ledger import TopUpMismatch, post_entry, top_up_once
 from billing.models import LedgerEntry, ModelPrice
 from channels_pool.models import Channel
+from core import audit
 from hopbase.models import Tenant
 from hopbase.roles import ROLES
 from tests.factories import make_channel, make_key, make_log, make_price, make_tenant
@@ -294,7 +295,10 @@ def test_every_change_names_its_staff_user_in_the_log_finance_reads(operator, ro
     assert ("channel", "up-1", "Disabled.") in logged
     assert ("tenant", "acme", "Changed Price multiplier.") in logged
     assert any(model == "modelprice" and message == "Added." for model, _, message in logged)
-    assert LogEntry.objects.exclude(user=oscar).count() == 0
+    # The one other row: oscar made by createstaff, by the OS user (core.audit).
+    assert [(e.user.username, e.object_repr) for e in LogEntry.objects.exclude(user=oscar)] == [
+        (audit.ACTOR_PREFIX + audit.os_login(), "oscar")
+    ]
 
     create_staff("fiona", "finance")
     finance = log_in("fiona")

@@ -11,7 +11,10 @@ afresh each time the flag is given and printed alone on the last stdout line,
 once: it is stored encrypted and shown nowhere else. A budget changed
 without these flags keeps the ones it had, so that raising a limit does not
 change the receiver's secret under it. Everything is checked before anything
-is written, and a refusal names the flag to fix.
+is written, and a refusal names the flag to fix. The admin log has the
+budget's addition, change (the fields that changed, by name: the webhook's
+secret is named, never shown) or deletion, by the OS user (core.audit), in
+the same transaction.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import secrets
 from decimal import Decimal
 
 from django.core.management.base import CommandError
+from django.db import transaction
 from django.utils import timezone
 
 from billing.budget_options import parse_budget_period, parse_percent, validate_webhook
 from billing.budget_windows import describe, window_at
 from billing.exports import utc_iso
 from billing.models import Budget
+from core import audit
 from core.commands import OperatorCommand, checked, find_tenant, parse_usd
 from core.money import usd_text
 from hopbase.models import ApiKey, Tenant
@@ -42,6 +47,11 @@ def find_key(prefix: str) -> ApiKey:
     if len(found) > 1:
         raise CommandError(f"--key: {prefix!r} is the prefix of more than one key; give more of it")
     return found[0]
+
+
+# How the admin log names each field this command sets (the admin's budget form's labels).
+FIELD_LABELS = {"limit_usd": "Limit (USD)", "alert_at_pct": "Alert at (%)", "webhook_url": "Webhook URL",
+                "webhook_secret": "Webhook secret"}
 
 
 def scope_name(tenant: Tenant, key: ApiKey | None) -> str:
@@ -86,9 +96,13 @@ class Command(OperatorCommand):
         self._set(tenant, key, period, limit, alert_at, webhook)
 
     def _remove(self, tenant: Tenant, key: ApiKey | None, period: str) -> None:
-        removed, _ = Budget.objects.filter(tenant=tenant, api_key=key, period=period).delete()
-        if not removed:
-            raise CommandError(f"--period: {scope_name(tenant, key)} has no {period} budget to remove")
+        with transaction.atomic():
+            budget = (Budget.objects.select_for_update(of=("self",)).select_related("tenant", "api_key")
+                      .filter(tenant=tenant, api_key=key, period=period).defer("webhook_secret").first())
+            if budget is None:
+                raise CommandError(f"--period: {scope_name(tenant, key)} has no {period} budget to remove")
+            audit.deleted(budget)
+            budget.delete()
         self.stdout.write(f"removed the {period} budget of {scope_name(tenant, key)}")
 
     def _set(self, tenant: Tenant, key: ApiKey | None, period: str, limit: Decimal, alert_at: int | None,
@@ -100,8 +114,19 @@ class Command(OperatorCommand):
         if webhook is not None:
             secret = secrets.token_urlsafe(32)
             changes |= {"webhook_url": webhook, "webhook_secret": secret}
-        # Locks the row it changes, and takes a budget made meanwhile for the one to change.
-        budget, created = Budget.objects.update_or_create(tenant=tenant, api_key=key, period=period, defaults=changes)
+        with transaction.atomic():
+            before = (Budget.objects.select_for_update().filter(tenant=tenant, api_key=key, period=period)
+                      .defer("webhook_secret").first())
+            # Locks the row it changes, and takes a budget made meanwhile for the one to change.
+            budget, created = Budget.objects.update_or_create(tenant=tenant, api_key=key, period=period,
+                                                              defaults=changes)
+            if created:
+                audit.added(budget)
+            else:
+                # A fresh webhook secret is a change even where the URL is the same.
+                audit.changed(budget, [FIELD_LABELS[field] for field, value in changes.items()
+                                       if before is None or field == "webhook_secret"
+                                       or getattr(before, field) != value])
         window = window_at(period, timezone.now())
         ends = f"until {utc_iso(window.end)}" if window.end is not None else "for ever"
         self.stdout.write(

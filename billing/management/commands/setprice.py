@@ -2,7 +2,8 @@
 [--cache-read USD_PER_MTOK] [--cache-write USD_PER_MTOK]
 
 Adds a price row effective now. Older rows are never changed: requests made
-before now keep the price they were made under.
+before now keep the price they were made under. The admin log has the row's
+addition by the OS user (core.audit).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import ModelPrice
+from core import audit
 from core.commands import OperatorCommand, checked, parse_price
 from core.model_names import parse_model_names
 from core.money import usd_text
@@ -41,6 +43,7 @@ class Command(OperatorCommand):
         try:
             with transaction.atomic():
                 price = ModelPrice.objects.create(model=model, effective_from=timezone.now(), **prices)
+                audit.added(price)
         except IntegrityError:  # the same model priced in the same microsecond
             raise CommandError(f"{model} was priced at this very moment by someone else; try again") from None
         self.stdout.write(

@@ -7,7 +7,8 @@ API or a cloud (rule C1). Everything is checked before anything is written,
 with the same per-kind rules the admin applies (``Channel.clean``), and a
 refusal names the flag to fix. The secret (an API key, an AWS key pair, a
 service-account JSON key) is stored encrypted (core.encryption) for the
-relay and never echoed.
+relay and never echoed. The admin log has the channel's addition by the OS
+user (core.audit).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from django.db import IntegrityError, transaction
 from channels_pool.kinds import KINDS
 from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel, validate_base_url
+from core import audit
 from core.commands import (
     INT_MAX,
     OperatorCommand,
@@ -121,6 +123,7 @@ class Command(OperatorCommand):
                 if Channel.objects.filter(name=name).exists():
                     raise CommandError(f"a channel named {name!r} already exists")
                 channel.save(force_insert=True)
+                audit.added(channel)
         except IntegrityError:  # created by someone else since the check above
             raise CommandError(f"a channel named {name!r} already exists") from None
         self.stdout.write(f"added channel {channel.name} (id {channel.pk}): " + ", ".join(self._described(

@@ -9,7 +9,9 @@ encrypted too. A secret no configured key decrypts is left as it is and
 named, and the command exits non-zero: keep its key listed until it is
 fixed. ``--derived-key`` prints the key derived from SECRET_KEY, which is
 the one in use while HOPBASE_ENCRYPTION_KEYS is unset: list it after a new
-key to move to keys of your own.
+key to move to keys of your own. The admin log has a row for each channel
+whose secret was re-encrypted (or encrypted), by the OS user (core.audit),
+in the same transaction; the secret is named, never shown.
 """
 
 from __future__ import annotations
@@ -20,8 +22,14 @@ from django.db import models, transaction
 from django.db.models.functions import Cast
 
 from channels_pool.models import Channel
+from core import audit
 from core.commands import OperatorCommand
 from core.encryption import SecretUnreadable, decrypt, derived_key, looks_like_token
+
+
+# The admin log's sentences (what an admin action would say).
+REENCRYPTED = "Secret re-encrypted with the first key of HOPBASE_ENCRYPTION_KEYS."
+ENCRYPTED = "Secret, stored in plaintext, encrypted with the first key of HOPBASE_ENCRYPTION_KEYS."
 
 
 class Command(OperatorCommand):
@@ -37,7 +45,7 @@ class Command(OperatorCommand):
         if print_derived_key:
             self.stdout.write(derived_key(settings.SECRET_KEY))
             return
-        rotated, encrypted, unreadable = 0, 0, []
+        rotated, encrypted, unreadable = [], [], []
         with transaction.atomic():
             # The stored text itself (a Cast escapes the field's decryption),
             # so that one bad row cannot stop the others.
@@ -56,15 +64,21 @@ class Command(OperatorCommand):
                     except SecretUnreadable:
                         unreadable.append(name)
                         continue
-                    rotated += 1
+                    rotated.append(pk)
                 else:
                     plaintext = stored
-                    encrypted += 1
+                    encrypted.append(pk)
                 # The field encrypts with the first key on the way in.
                 Channel.objects.filter(pk=pk).update(secret=plaintext)
+            if rotated or encrypted:
+                by = audit.actor()
+                # Each channel's name only: its secret is neither read nor decrypted again here.
+                named = {c.pk: c for c in Channel.objects.filter(pk__in=rotated + encrypted).only("pk", "name")}
+                audit.acted([named[pk] for pk in rotated], REENCRYPTED, by)
+                audit.acted([named[pk] for pk in encrypted], ENCRYPTED, by)
         self.stdout.write(
-            f"re-encrypted {rotated} channel secret(s) with the first key"
-            + (f"; encrypted {encrypted} stored in plaintext" if encrypted else "")
+            f"re-encrypted {len(rotated)} channel secret(s) with the first key"
+            + (f"; encrypted {len(encrypted)} stored in plaintext" if encrypted else "")
         )
         if unreadable:
             raise CommandError(

@@ -3,6 +3,8 @@
 A person of a tenant for the console at /console/ (K1). The password is the
 first line of standard input, never an argument (it would show in the
 process list and shell history), and must pass Django's password validators.
+An owner may make and revoke the tenant's keys, so the admin log has the
+membership's addition by the OS user (core.audit), in the same transaction.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import sys
 
 from django.core.management.base import CommandError
+from django.db import transaction
 
 from console.members import MemberError, add_member
 from console.models import Role
+from core import audit
 from core.commands import OperatorCommand, find_tenant
 
 FLAGS = {"email": "EMAIL", "role": "--role", "password": "password"}
@@ -41,7 +45,9 @@ class Command(OperatorCommand):
         if not password:
             raise CommandError("--password-stdin: no password on standard input (its first line is the password)")
         try:
-            membership = add_member(owner, email, role, password)
+            with transaction.atomic():
+                membership = add_member(owner, email, role, password)
+                audit.added(membership)
         except MemberError as error:
             raise CommandError(f"{FLAGS[error.field]}: {error.message}") from None
         self.stdout.write(

@@ -7,7 +7,9 @@ date (midnight UTC) or datetime (UTC when it carries no offset): from then on
 the key is refused like a revoked one. ``--tpm`` limits the key's input and
 output tokens per sliding minute (G5). ``--budget-usd`` with
 ``--budget-period`` gives the key a USD budget of its own (G1), made with the
-key or not at all; ``setbudget --key`` changes it later.
+key or not at all; ``setbudget --key`` changes it later. The admin log has
+the key's addition (and its budget's) by the OS user (core.audit), never
+the secret.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django.utils import timezone
 from billing.budget_windows import describe
 from billing.budget_options import parse_budget_period
 from billing.models import Budget
+from core import audit
 from core.commands import OperatorCommand, checked, find_tenant, parse_moment, parse_optional_positive, parse_usd
 from core.model_names import parse_required_model_names
 from core.money import usd_text
@@ -69,8 +72,10 @@ class Command(OperatorCommand):
                 tpm=tpm_limit,
                 expires_at=expires_at,
             )
+            made = None
             if budget is not None:
-                Budget.objects.create(tenant=owner, api_key=key, period=budget[1], limit_usd=budget[0])
+                made = Budget.objects.create(tenant=owner, api_key=key, period=budget[1], limit_usd=budget[0])
+            audit.added(key, [("budget", str(made))] if made is not None else ())
         self.stdout.write(f"key {key.prefix} (id {key.pk}) for tenant {owner.name}")
         self.stdout.write(
             f"models: {', '.join(allowed) or 'all'}; rpm: {rpm_limit or 'no limit'}; "

@@ -3,7 +3,8 @@
 A staff user (may log in to the admin, is no superuser) in one role's group
 (hopbase.roles). The password is the first line of standard input, never an
 argument (it would show in the process list and shell history), and must
-pass Django's password validators (AUTH_PASSWORD_VALIDATORS).
+pass Django's password validators (AUTH_PASSWORD_VALIDATORS). The admin log
+has the user's addition and role by the OS user (core.audit).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
+from core import audit
 from core.commands import OperatorCommand, parse_name
 from hopbase.roles import ROLES, ensure_role
 
@@ -58,7 +60,9 @@ class Command(OperatorCommand):
         try:
             with transaction.atomic():
                 user.save()
-                user.groups.add(ensure_role(role))
+                group = ensure_role(role)
+                user.groups.add(group)
+                audit.added(user, [("group", str(group))])
         except IntegrityError:  # created by someone else since the check above
             raise CommandError(f"a user named {username!r} already exists") from None
         self.stdout.write(f"created staff user {username} (id {user.pk}) in role {role}")

@@ -1,7 +1,9 @@
 """createtenant NAME [--balance USD]: a new tenant, optionally funded.
 
 An opening balance is a top-up ledger entry, never a bare balance, so the
-balance still equals the sum of the tenant's entries (checkledger).
+balance still equals the sum of the tenant's entries (checkledger). The
+admin log has the tenant's addition, and its opening top-up's, by the OS
+user (core.audit).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
 from billing.ledger import top_up
+from core import audit
 from core.commands import OperatorCommand, parse_name, parse_usd
 from core.money import usd_text
 from hopbase.models import Tenant
@@ -30,8 +33,9 @@ class Command(OperatorCommand):
         try:
             with transaction.atomic():
                 tenant = Tenant.objects.create(name=name)
-                if amount:
-                    top_up(tenant, amount, note="opening balance")
+                opening = top_up(tenant, amount, note="opening balance") if amount else None
+                audit.added(tenant, [("ledger entry", f"#{opening.pk}: {usd_text(amount)} USD opening balance")]
+                            if opening is not None else [])
         except IntegrityError:  # created by someone else since the check above
             raise CommandError(f"a tenant named {name!r} already exists") from None
         tenant.refresh_from_db(fields=["balance_usd"])
