@@ -178,5 +178,7 @@ def test_a_redis_outage_refuses_keys_with_budgets_rather_than_let_spend_through(
         assert rig.send("chat", "hi [sim tokens=1]").status == 200  # no budget: served as before
     finally:
         rig.redis.restore()
-    wait_until(lambda: rig.send("chat", "back [sim tokens=1]", secret).status == 200, within=HANG,
+    # The breaker lets one probe through every few seconds, and the first may meet a connection the
+    # outage left dead: recovery takes a pause or two, within the harness's bound for an answer.
+    wait_until(lambda: rig.send("chat", "back [sim tokens=1]", secret).status == 200, within=WITHIN,
                message="the budgeted key was not served again once Redis answered")
