@@ -13,6 +13,7 @@ from decimal import Decimal
 import pytest
 from django.test import override_settings
 from django.utils import timezone
+from selenium.common.exceptions import StaleElementReferenceException
 
 from billing.dashboard import MIN_DAYS_SHOWN
 from billing.exports import COLUMNS
@@ -98,9 +99,19 @@ def test_an_operator_creates_a_key_whose_secret_is_shown_once(browser, acme):
     # The tenant is an autocomplete (select2): type, then take the match.
     browser.find_element("css selector", ".field-tenant .select2-selection").click()
     browser.find_element("css selector", ".select2-search__field").send_keys("acme-corp")
-    option = wait_for(lambda: [o for o in browser.find_elements("css selector", ".select2-results__option")
-                               if o.text == acme.name], what="the tenant in the autocomplete")
-    option[0].click()
+    def take_the_match() -> bool:
+        # The results list is drawn again as each search answers: an option
+        # found may be gone by the time it is clicked, so look again.
+        try:
+            matches = [o for o in browser.find_elements("css selector", ".select2-results__option")
+                       if o.text == acme.name]
+            if matches:
+                matches[0].click()
+            return bool(matches)
+        except StaleElementReferenceException:
+            return False
+
+    wait_for(take_the_match, what="the tenant in the autocomplete")
     browser.find_element("name", "label").send_keys("made-in-a-browser")
     browser.find_element("name", "_save").click()
     secret = wait_for(lambda: browser.find_elements("id", "issued-secret"), what="the issued secret")[0]

@@ -165,7 +165,10 @@ def test_a_redis_outage_refuses_keys_with_budgets_rather_than_let_spend_through(
     if rig.redis is None:
         pytest.skip("no REDIS_URL: budgets are this process's own")
     budgeted, secret = ApiKey.objects.issue(Tenant.objects.get(pk=world.tenant_id), label="budgeted")
-    Budget.objects.create(tenant=budgeted.tenant, api_key=budgeted, period="1d", limit_usd=Decimal("1000"))
+    # In force on the gateway first seen refusing at a limit of 0, then serving at 1,000.
+    budget = Budget.objects.create(tenant=budgeted.tenant, api_key=budgeted, period="1d", limit_usd=Decimal("0"))
+    wait_until(lambda: rig.send("chat", "warm [sim tokens=1]", secret).status == 429, within=HANG)
+    Budget.objects.filter(pk=budget.pk).update(limit_usd=Decimal("1000"))
     wait_until(lambda: rig.send("chat", "warm [sim tokens=1]", secret).status == 200, within=HANG)
     warm_up(rig)
     getattr(rig.redis, outage)()
