@@ -34,7 +34,6 @@ vendors' own:
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -142,10 +141,7 @@ class CloudEndpoints:
 
     async def _cloud(self, conn: Connection, request: Request, record: Record, call: CloudCall) -> bool:
         record.protocol = f"{call.cloud}-embeddings" if call.embeddings else call.protocol
-        try:
-            parsed = json.loads(request.body) if request.body else None
-        except (ValueError, UnicodeDecodeError):
-            parsed = None
+        parsed = request.parsed_body()
         record.body = parsed
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         if call.embeddings:

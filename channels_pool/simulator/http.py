@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 MAX_HEAD = 64 * 1024
@@ -51,6 +53,13 @@ class Request:
     # The request target as sent, still percent-encoded: what a signature (SigV4) covers.
     raw_path: str = ""
     raw_query: str = ""
+
+    def parsed_body(self) -> Any:
+        """The body's JSON, or None for an empty or unreadable one."""
+        try:
+            return json.loads(self.body) if self.body else None
+        except (ValueError, UnicodeDecodeError):
+            return None
 
 
 class Connection:

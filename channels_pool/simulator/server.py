@@ -176,10 +176,7 @@ class Simulator(SideEndpoints, CloudEndpoints):
 
         record.protocol = protocol
         api_key = api_key_of(request.headers, request.query)
-        try:
-            parsed = json.loads(request.body) if request.body else None
-        except (ValueError, UnicodeDecodeError):
-            parsed = None
+        parsed = request.parsed_body()
         record.body = parsed
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         texts = prompt_texts(protocol, body)
@@ -209,10 +206,7 @@ class Simulator(SideEndpoints, CloudEndpoints):
         """OpenAI's ``/v1/embeddings`` and Gemini's ``:embedContent`` / ``:batchEmbedContents``
         (the clouds' embeddings: ``clouds``); only the wait before the answer of the timing directives."""
         record.protocol = f"{protocol}-embeddings"
-        try:
-            parsed = json.loads(request.body) if request.body else None
-        except (ValueError, UnicodeDecodeError):
-            parsed = None
+        parsed = request.parsed_body()
         record.body = parsed
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         texts = embeddings.embedding_texts(kind, body)
