@@ -30,6 +30,7 @@ from hopbase.translation.neutral import (
     ToolCall,
     ToolChoice,
     ToolResult,
+    alternating_turns,
     unseal,
 )
 
@@ -288,19 +289,7 @@ def _thinking_budget(c: Conversation, messages: list[dict[str, Any]], choice: di
 
 
 def _messages(c: Conversation) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for message in c.messages:
-        blocks = [b for b in (_block(p) for p in message.parts) if b is not None]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == message.role:  # Anthropic wants roles to alternate
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": message.role, "content": blocks})
-    for message in out:
-        if message["role"] == "user":  # tool results must open the user turn
-            message["content"].sort(key=lambda b: b["type"] != "tool_result")
-    return out
+    return alternating_turns(c.messages, _block, lambda b: b["type"] == "tool_result")
 
 
 def _block(part: Part) -> dict[str, Any] | None:

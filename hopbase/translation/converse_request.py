@@ -35,6 +35,7 @@ from hopbase.translation.neutral import (
     Tool,
     ToolCall,
     ToolResult,
+    alternating_turns,
 )
 
 CONVERSE = WireProtocol.CONVERSE
@@ -95,19 +96,7 @@ def _inference(c: Conversation) -> dict[str, Any]:
 
 
 def _messages(c: Conversation) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for message in c.messages:
-        blocks = [b for b in (_block(p) for p in message.parts) if b is not None]
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == message.role:  # Converse wants roles to alternate
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": message.role, "content": blocks})
-    for message in out:
-        if message["role"] == "user":  # tool results answer the turn before: they come first
-            message["content"].sort(key=lambda b: "toolResult" not in b)
-    return out
+    return alternating_turns(c.messages, _block, lambda b: "toolResult" in b)
 
 
 def _block(part: Part) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +167,27 @@ class Conversation:
     # the answer if dropped (e.g. ``n`` above 1, a provider's built-in tool):
     # every translated channel refuses the request, naming the first.
     untranslatable: list[str] = field(default_factory=list)
+
+
+def alternating_turns(messages: list[Message], block: Callable[[Part], dict[str, Any] | None],
+                      tool_result: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Messages as a protocol of content blocks wants them (Anthropic's,
+    Converse's): each part its ``block`` (None: dropped), turns of one role
+    merged so roles alternate, and in a user turn the tool results first
+    (they answer the turn before)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        blocks = [b for b in (block(p) for p in message.parts) if b is not None]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == message.role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": message.role, "content": blocks})
+    for turn in out:
+        if turn["role"] == "user":
+            turn["content"].sort(key=lambda b: not tool_result(b))
+    return out
 
 
 class CannotServe(Exception):
