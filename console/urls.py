@@ -14,5 +14,6 @@ urlpatterns = [
     path("statement.csv", views.statement_csv, name="statement_csv"),
     path("keys/", views.keys, name="keys"),
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("keys/<int:key_id>/rotate/", views.key_rotate, name="key_rotate"),
     path("connect/", views.connect, name="connect"),
 ]

@@ -19,6 +19,7 @@ from console import keys as key_actions
 from console import logs as log_pages
 from console import statement as statements
 from console.access import console_login_required, owner_only
+from console.allowance import allowance as allowance_of
 from console.filters import FilterError
 from console.models import TenantMembership
 from console.overview import overview as overview_of
@@ -97,9 +98,7 @@ def keys(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
     if request.method == "POST":
         owner_only(membership)
         try:
-            key, secret = key_actions.create_key(
-                membership, request.POST.get("name", ""), key_actions.requested_models(request.POST.getlist("models"))
-            )
+            key, secret = key_actions.create_key(membership, key_actions.key_request(request.POST))
         except key_actions.KeyRefused as refused:
             error = str(refused)
         else:
@@ -107,7 +106,9 @@ def keys(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
             return render(request, "console/key_created.html", {"m": membership, "key": key, "secret": secret})
     return render(request, "console/keys.html", {
         "m": membership, "keys": key_actions.tenant_keys(membership.tenant),
-        "allowance": key_actions.allowance(membership.tenant), "error": error, "posted": request.POST,
+        "allowance": allowance_of(membership.tenant), "error": error, "posted": request.POST,
+        "posted_models": request.POST.getlist("models"), "graces": key_actions.GRACES,
+        "periods": key_actions.BUDGET_PERIODS, "now": timezone.now(),
     }, status=400 if error else 200)
 
 
@@ -122,9 +123,25 @@ def key_revoke(request: HttpRequest, membership: TenantMembership, key_id: int) 
     return redirect("console:keys")
 
 
+@require_POST
+@console_login_required
+def key_rotate(request: HttpRequest, membership: TenantMembership, key_id: int) -> HttpResponse:
+    owner_only(membership)
+    try:
+        rotated = key_actions.rotate_key(membership, key_id, key_actions.grace_of(request.POST.get("grace", "")))
+    except key_actions.KeyRefused as refused:
+        messages.error(request, str(refused))
+        return redirect("console:keys")
+    if rotated is None:
+        raise Http404("No such key")
+    key, secret = rotated
+    return render(request, "console/key_created.html",
+                  {"m": membership, "key": key, "secret": secret, "rotated": True})
+
+
 @require_GET
 @console_login_required
 def connect(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
-    models = key_actions.allowance(membership.tenant).models
+    models = allowance_of(membership.tenant).models
     snippets = connect_snippets.snippets(request.build_absolute_uri("/"), models[0] if models else "MODEL")
     return render(request, "console/connect.html", {"m": membership, "snippets": snippets, "models": models})

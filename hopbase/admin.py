@@ -167,13 +167,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if obj is None:
             return ("tenant", "label", "allowed_models", "rpm", "concurrency", "tpm", "expires_at")
         return ("prefix", "tenant", "label", "allowed_models", "rpm", "concurrency", "tpm", "budgets",
-                "expires_at", "created_at", "last_used_at", "revoked_at")
+                "expires_at", "created_at", "last_used_at", "revoked_at", "previous_prefix", "previous_until")
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
         # A key stays with the tenant it was issued to.
-        return ("prefix", "tenant", "budgets", "created_at", "last_used_at", "revoked_at")
+        return ("prefix", "tenant", "budgets", "created_at", "last_used_at", "revoked_at", "previous_prefix",
+                "previous_until")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         # Request logs refer to keys; a key is retired by revoking it.

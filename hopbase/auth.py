@@ -97,9 +97,11 @@ def _load(secret: str) -> Caller | None:
     key = ApiKey.objects.authenticate(secret)
     if key is None:
         return None
+    digest = hash_secret(secret)
+    refused_from = key.secret_refused_from(digest)  # a rotated key's previous secret ends with its grace
     return Caller(
         key_id=key.pk,
-        key_prefix=key.prefix,
+        key_prefix=key.secret_prefix(digest),
         tenant_id=key.tenant_id,
         tenant_name=key.tenant.name,
         allowed_models=frozenset(key.allowed_models or ()),
@@ -107,7 +109,7 @@ def _load(secret: str) -> Caller | None:
         concurrency=key.concurrency,
         tpm=key.tpm,
         price_multiplier=key.tenant.price_multiplier,
-        expires_at=key.expires_at.timestamp() if key.expires_at is not None else None,
+        expires_at=refused_from.timestamp() if refused_from is not None else None,
     )
 
 

@@ -9,16 +9,20 @@ every gateway process when its transaction commits (hopbase.revocations),
 whichever way it was changed: ``ApiKey.revoke``, ``ApiKeyQuerySet.revoke``
 or a save of ``revoked_at`` or ``expires_at``. (``QuerySet.update`` of those
 fields would bypass it: use these.)
+
+A key rotated (``ApiKey.rotate``) keeps its row, so its logs, limits and
+budget spend carry on, and takes a new secret; the previous secret keeps
+working until the end of the grace period its owner picked
+(``previous_until``), then is refused like a revoked key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from decimal import Decimal
-
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.db import models
 from django.db.models import Q
@@ -28,8 +32,8 @@ from hopbase import revocations
 
 KEY_PREFIX = "hb-"
 DISPLAY_PREFIX_LENGTH = 11
-# A saved change to either can make a key refused earlier than a gateway's cached copy says.
-REFUSAL_FIELDS = frozenset({"revoked_at", "expires_at"})
+# A saved change to any can make a secret refused earlier than a gateway's cached copy says.
+REFUSAL_FIELDS = frozenset({"revoked_at", "expires_at", "previous_until"})
 
 
 def hash_secret(secret: str) -> str:
@@ -66,10 +70,14 @@ class ApiKeyQuerySet(models.QuerySet):
         return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
 
     def authenticate(self, secret: str) -> ApiKey | None:
-        """The live key with this secret (not revoked, not expired), with its tenant, or None."""
+        """The live key with this secret (not revoked, not expired), with its
+        tenant, or None. The secret is its current one, or its previous one
+        within the grace of a rotation."""
         if not secret.startswith(KEY_PREFIX):
             return None
-        return self.active().unexpired().select_related("tenant").filter(key_hash=hash_secret(secret)).first()
+        digest = hash_secret(secret)
+        by_secret = Q(key_hash=digest) | Q(previous_hash=digest, previous_until__gt=timezone.now())
+        return self.active().unexpired().select_related("tenant").filter(by_secret).first()
 
     def revoke(self) -> list[ApiKey]:
         """Revoke the keys of this queryset not revoked yet, all at one
@@ -84,7 +92,7 @@ class ApiKeyQuerySet(models.QuerySet):
 
     def issue(self, tenant: Tenant, **fields) -> tuple[ApiKey, str]:
         """Create a key and return it with its secret, which is never stored."""
-        secret = KEY_PREFIX + secrets.token_urlsafe(30)
+        secret = new_secret()
         key = self.create(
             tenant=tenant,
             key_hash=hash_secret(secret),
@@ -92,6 +100,10 @@ class ApiKeyQuerySet(models.QuerySet):
             **fields,
         )
         return key, secret
+
+
+def new_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(30)
 
 
 class ApiKey(models.Model):
@@ -109,6 +121,10 @@ class ApiKey(models.Model):
         null=True, blank=True, help_text="After this moment the key is refused like a revoked one; empty = never"
     )
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The secret before the last rotation, accepted until previous_until.
+    previous_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
+    previous_prefix = models.CharField(max_length=DISPLAY_PREFIX_LENGTH, blank=True, editable=False)
+    previous_until = models.DateTimeField(null=True, blank=True, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -124,6 +140,11 @@ class ApiKey(models.Model):
             ),
             models.CheckConstraint(condition=Q(tpm__isnull=True) | Q(tpm__gt=0), name="apikey_tpm_positive"),
             models.CheckConstraint(condition=Q(key_hash__regex=r"^[0-9a-f]{64}$"), name="apikey_hash_is_sha256"),
+            models.CheckConstraint(
+                condition=Q(previous_hash__isnull=True, previous_until__isnull=True)
+                | Q(previous_hash__regex=r"^[0-9a-f]{64}$", previous_until__isnull=False),
+                name="apikey_previous_secret_has_an_end",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -158,11 +179,44 @@ class ApiKey(models.Model):
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
 
+    def rotate(self, grace: timedelta) -> str:
+        """Give the key a new secret, returned (never stored); the current
+        one stays accepted for ``grace`` (not past the key's own refusal),
+        and a secret from an earlier rotation is refused at once."""
+        secret = new_secret()
+        now = timezone.now()
+        earlier = revocations.Refusal(self.previous_hash, now.timestamp(), self.previous_prefix) \
+            if self.previous_hash else None
+        self.previous_hash, self.previous_prefix = self.key_hash, self.prefix
+        self.previous_until = min(m for m in (now + grace, self.refused_from) if m is not None)
+        self.key_hash, self.prefix = hash_secret(secret), secret[:DISPLAY_PREFIX_LENGTH]
+        self.save(update_fields=["key_hash", "prefix", "previous_hash", "previous_prefix", "previous_until"])
+        if earlier is not None:  # no longer the previous secret: refused from now
+            revocations.announce([earlier])
+        return secret
+
+    def secret_refused_from(self, digest: str) -> datetime | None:
+        """From when the secret with this hash (current or previous) is refused; None: not so far."""
+        if digest != self.previous_hash:
+            return self.refused_from
+        return min(m for m in (self.previous_until, self.refused_from) if m is not None)
+
+    def secret_prefix(self, digest: str) -> str:
+        return self.previous_prefix if digest == self.previous_hash else self.prefix
+
+
+def refusals_of(key: ApiKey) -> list[revocations.Refusal]:
+    """From when each secret of ``key`` is refused (those that are)."""
+    refusals = []
+    if key.refused_from is not None:
+        refusals.append(revocations.Refusal(key.key_hash, key.refused_from.timestamp(), key.prefix))
+    if key.previous_hash:
+        end = key.secret_refused_from(key.previous_hash)
+        refusals.append(revocations.Refusal(key.previous_hash, end.timestamp(), key.previous_prefix))
+    return refusals
+
 
 def announce_refusals(keys: Iterable[ApiKey]) -> None:
     """Tell every gateway process, once the transaction commits, from when
-    each of these keys is refused (those that are)."""
-    revocations.announce([
-        revocations.Refusal(key.key_hash, key.refused_from.timestamp(), key.prefix)
-        for key in keys if key.refused_from is not None
-    ])
+    each of these keys' secrets is refused (those that are)."""
+    revocations.announce([refusal for key in keys for refusal in refusals_of(key)])

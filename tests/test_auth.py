@@ -277,6 +277,20 @@ def test_the_database_finds_no_expired_key():
     assert auth._load(past) is None
 
 
+@pytest.mark.django_db
+def test_a_rotated_keys_old_secret_is_loaded_with_its_own_prefix_and_the_grace_as_its_end():
+    from datetime import timedelta
+
+    from hopbase.models import ApiKey, Tenant
+
+    key, old = ApiKey.objects.issue(Tenant.objects.create(name="rotating"))
+    new = key.rotate(timedelta(minutes=10))
+    previous, current = auth._load(old), auth._load(new)
+    assert previous.key_id == current.key_id == key.pk
+    assert (previous.key_prefix, current.key_prefix) == (old[:11], new[:11])
+    assert previous.expires_at == pytest.approx(key.previous_until.timestamp()) and current.expires_at is None
+
+
 # -- revocations announced through Redis (issue 30, item 3; hopbase.revocations) -----------
 
 

@@ -159,6 +159,24 @@ def test_a_revocation_from_the_tenant_console_is_announced(store, listening, set
 
 
 @pytest.mark.django_db
+def test_a_rotation_announces_the_old_secret_refused_at_the_end_of_its_grace(
+    store, listening, cached, django_capture_on_commit_callbacks
+):
+    key, old = make_key()
+    old_hash = key.key_hash
+    cached(old)
+    with django_capture_on_commit_callbacks(execute=True):
+        key.rotate(timedelta(hours=1))
+    assert listening() == [[old_hash, key.previous_until.timestamp()]]
+    assert auth.keys.knows(old)  # still within its grace in this process's cache
+    with django_capture_on_commit_callbacks(execute=True):
+        key.rotate(timedelta(hours=1))
+    heard = listening() + listening()  # the new previous secret's end, and the earlier one's
+    assert [old_hash, pytest.approx(time.time(), abs=5)] in heard  # no longer the previous secret: refused now
+    assert not auth.keys.knows(old)
+
+
+@pytest.mark.django_db
 def test_an_expiry_is_announced_a_label_is_not(admin_client, store, listening, django_capture_on_commit_callbacks):
     key, _ = make_key()
     soon = timezone.now() + timedelta(minutes=5)
