@@ -1,14 +1,22 @@
 """How far a stream's client has fallen behind (issue D, bounded memory).
 
-Daphne writes each chunk a stream yields into Twisted's transport at once;
-a client that reads slowly (or not at all) makes Twisted buffer the rest in
-memory, without end, and ASGI gives the application no view of it. Daphne's
-``send`` is ``functools.partial(Server.handle_reply, protocol)``, whose
-protocol's channel's transport is Twisted's TCP connection: its unsent
-bytes are what it holds in ``dataBuffer`` past ``offset`` plus
-``_tempDataLen``. Those are Twisted internals, stable for many years; on
-any other server (or transport) ``unsent_bytes`` says None and nothing is
-bounded here.
+A client that reads slowly (or not at all) leaves what was written to it
+in the server's buffer, and ASGI gives the application no view of it; this
+reads it from the server's own objects, a stream's ``send``:
+
+- Daphne writes each chunk into Twisted's transport at once, and Twisted
+  buffers the rest without end. Daphne's ``send`` is
+  ``functools.partial(Server.handle_reply, protocol)``, whose protocol's
+  channel's transport is Twisted's TCP connection: its unsent bytes are
+  what it holds in ``dataBuffer`` past ``offset`` plus ``_tempDataLen``
+  (Twisted internals, stable for many years).
+- uvicorn's ``send`` is its request cycle's bound method, and the cycle's
+  asyncio transport says its own buffer's size. uvicorn waits, before
+  writing, while that is over the transport's high-water mark, which
+  hopbase.uvicorn_web sets to ``HOPBASE_MAX_UNSENT_BYTES``: one write takes
+  it past, and the stream then ends.
+
+On any other server ``unsent_bytes`` says None and nothing is bounded here.
 """
 
 from __future__ import annotations
@@ -18,6 +26,12 @@ from typing import Any
 
 
 def unsent_bytes(send: Callable[..., Any]) -> int | None:
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is not None:  # uvicorn
+        try:
+            return transport.get_write_buffer_size()
+        except (AttributeError, RuntimeError):
+            return None
     args = getattr(send, "args", None)
     if not args:
         return None

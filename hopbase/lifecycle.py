@@ -1,5 +1,9 @@
 """The gateway process's life as a server: serving, then draining (rule D1).
 
+Under uvicorn (``manage.py serve``'s default), hopbase.uvicorn_web's
+server begins the drain on SIGTERM (or SIGINT) and awaits ``shut_down``
+before uvicorn stops listening. Under Daphne, this module hooks Twisted.
+
 Daphne runs on Twisted's asyncio reactor. On SIGTERM (or SIGINT) the
 reactor fires its ``shutdown`` system event in phases:
 
@@ -44,6 +48,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from billing.recorder import recorder
+from hopbase import worker_group
 from hopbase.limits import limits
 from hopbase.spend import spend
 
@@ -236,20 +241,27 @@ def install(lifecycle: Lifecycle = process) -> None:
         return
     from twisted.internet.defer import Deferred
 
-    async def shut_down() -> None:
-        try:
-            await lifecycle.drained()
-            await written_out(reactor)
-            await lifecycle.close_all()
-        except Exception:
-            log.exception("drain failed")
-
     def before_shutdown() -> Deferred[None]:
         lifecycle.begin_drain()
-        return Deferred.fromFuture(asyncio.ensure_future(shut_down()))
+        return Deferred.fromFuture(asyncio.ensure_future(shut_down(lifecycle, lambda: written_out(reactor))))
 
     reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
     _installed = True
+
+
+async def shut_down(lifecycle: Lifecycle, written_out: Callable[[], Awaitable[None]] | None = None) -> None:
+    """The drain, once begun, to its end: every request ended and recorded,
+    what the server still had to send written out, the upstream clients
+    closed, and (under ``manage.py serve``) every peer worker drained too
+    (hopbase.worker_group). Then the server may stop listening."""
+    try:
+        await lifecycle.drained()
+        if written_out is not None:
+            await written_out()
+        await lifecycle.close_all()
+        await worker_group.drained_with_peers()
+    except Exception:
+        log.exception("drain failed")
 
 
 async def written_out(reactor: Any) -> None:
