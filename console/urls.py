@@ -16,4 +16,9 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
     path("keys/<int:key_id>/rotate/", views.key_rotate, name="key_rotate"),
     path("connect/", views.connect, name="connect"),
+    path("people/", views.people, name="people"),
+    path("people/invitations/<int:invitation_id>/cancel/", views.invitation_cancel, name="invitation_cancel"),
+    path("invite/<str:token>/", views.invite_accept, name="invite"),
+    path("password/forgot/", views.password_forgot, name="password_forgot"),
+    path("reset/<str:uidb64>/<str:token>/", views.password_reset, name="password_reset"),
 ]

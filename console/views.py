@@ -6,21 +6,25 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth import logout
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from billing.exports import CONTENT_TYPES, streamed
 from console import connect as connect_snippets
+from console import invitations, passwords
 from console import keys as key_actions
 from console import logs as log_pages
 from console import statement as statements
 from console.access import console_login_required, owner_only
 from console.allowance import allowance as allowance_of
 from console.filters import FilterError
+from console.mail import configured as mail_configured
 from console.models import TenantMembership
 from console.overview import overview as overview_of
 from console.signin import SignInForm, sign_in
@@ -145,3 +149,88 @@ def connect(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
     models = allowance_of(membership.tenant).models
     snippets = connect_snippets.snippets(request.build_absolute_uri("/"), models[0] if models else "MODEL")
     return render(request, "console/connect.html", {"m": membership, "snippets": snippets, "models": models})
+
+
+@require_http_methods(["GET", "POST"])
+@console_login_required
+def people(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
+    error = None
+    if request.method == "POST":
+        owner_only(membership)
+        try:
+            invitation, token = invitations.invite(membership.tenant, request.POST.get("email", ""),
+                                                   request.POST.get("role", ""), membership.user)
+        except invitations.InvitationRefused as refused:
+            error = str(refused)
+        else:
+            link = request.build_absolute_uri(invitations.path_of(token))
+            # The one response that carries the link: rendered here, never stored.
+            return render(request, "console/invitation_made.html", {
+                "m": membership, "invitation": invitation, "link": link, "mailed": invitations.mail(invitation, link),
+            })
+    members, pending = invitations.people(membership.tenant)
+    return render(request, "console/people.html", {
+        "m": membership, "members": members, "pending": pending, "error": error, "posted": request.POST,
+        "roles": TenantMembership.Role.values,
+    }, status=400 if error else 200)
+
+
+@require_POST
+@console_login_required
+def invitation_cancel(request: HttpRequest, membership: TenantMembership, invitation_id: int) -> HttpResponse:
+    owner_only(membership)
+    invitation = invitations.cancel(membership, invitation_id)
+    if invitation is None:
+        raise Http404("No such invitation")
+    messages.success(request, f"The invitation of {invitation.email} is cancelled: its link no longer works.")
+    return redirect("console:people")
+
+
+@never_cache
+@require_http_methods(["GET", "POST"])
+def invite_accept(request: HttpRequest, token: str) -> HttpResponse:
+    error = None
+    try:
+        invitation = invitations.usable(token)
+        if request.method == "POST":
+            if request.POST.get("password", "") != request.POST.get("password_again", ""):
+                raise invitations.InvitationRefused("The two passwords differ.")
+            membership = invitations.accept(token, request.POST.get("password", ""))
+            sign_in(request, membership.user)
+            messages.success(request, f"Welcome to the console of {membership.tenant.name}.")
+            return redirect("console:overview")
+    except invitations.InvitationRefused as refused:
+        if refused.status != 400:
+            return render(request, "console/link_refused.html", {"message": str(refused)}, status=refused.status)
+        error = str(refused)
+    return render(request, "console/invite_accept.html", {"invitation": invitation, "error": error},
+                  status=400 if error else 200)
+
+
+@require_http_methods(["GET", "POST"])
+def password_forgot(request: HttpRequest) -> HttpResponse:
+    asked = request.method == "POST" and mail_configured()
+    if asked:
+        passwords.mail_link(request.POST.get("email", ""), request.build_absolute_uri("/").rstrip("/"))
+    return render(request, "console/password_forgot.html", {"asked": asked, "mail": mail_configured()})
+
+
+@never_cache
+@require_http_methods(["GET", "POST"])
+def password_reset(request: HttpRequest, uidb64: str, token: str) -> HttpResponse:
+    try:
+        user = passwords.holder(uidb64, token)
+    except passwords.ResetRefused:
+        return render(request, "console/link_refused.html", {
+            "message": "This password reset link has expired or has been used. Ask for a new one."}, status=410)
+    error = None
+    if request.method == "POST":
+        try:
+            passwords.reset(user, request.POST.get("password", ""), request.POST.get("password_again", ""))
+        except ValidationError as invalid:
+            error = " ".join(invalid.messages)
+        else:
+            messages.success(request, "Your password is changed: sign in with it.")
+            return redirect("console:login")
+    return render(request, "console/password_reset.html", {"email": user.get_username(), "error": error},
+                  status=400 if error else 200)

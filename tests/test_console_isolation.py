@@ -46,7 +46,7 @@ def test_another_tenants_key_cannot_be_revoked_by_an_owner_404_or_a_member_403(w
 
 @pytest.mark.parametrize("path", [
     "/console/", "/console/logs/", "/console/statement/", "/console/statement.csv", "/console/keys/",
-    "/console/connect/",
+    "/console/connect/", "/console/people/",
 ])
 def test_no_page_shows_another_tenants_data_even_asked_by_its_ids(world, path):
     people, key_b, _secret, log_b = world
@@ -68,9 +68,18 @@ def test_anonymous_visitors_are_sent_to_sign_in_from_every_page(world):
     _people, key_b, _secret, log_b = world
     client = Client()
     for path in ("/console/", "/console/logs/", f"/console/logs/{log_b.request_id}/", "/console/statement/",
-                 "/console/statement.csv", "/console/keys/", "/console/connect/"):
+                 "/console/statement.csv", "/console/keys/", "/console/connect/", "/console/people/"):
         assert client.get(path)["Location"].startswith("/console/login/?next=")
-    assert client.post(f"/console/keys/{key_b.pk}/revoke/")["Location"].startswith("/console/login/")
+    for path in (f"/console/keys/{key_b.pk}/revoke/", f"/console/keys/{key_b.pk}/rotate/", "/console/people/"):
+        assert client.post(path, {"grace": "0", "email": "x@example.com", "role": "owner"})["Location"].startswith(
+            "/console/login/")
+    assert ApiKey.objects.get(pk=key_b.pk).previous_hash is None
+
+
+def test_another_tenants_key_cannot_be_rotated(world):
+    people, key_b, secret_b, _log = world
+    assert signed_in(people.alice).post(f"/console/keys/{key_b.pk}/rotate/", {"grace": "0"}).status_code == 404
+    assert ApiKey.objects.authenticate(secret_b).previous_hash is None
 
 
 def test_a_forged_csrf_token_on_a_key_change_is_403_and_nothing_changes(world):
@@ -79,6 +88,10 @@ def test_a_forged_csrf_token_on_a_key_change_is_403_and_nothing_changes(world):
     client = signed_in(people.alice, csrf_checks=True)
     assert client.post(f"/console/keys/{key_a.pk}/revoke/", {"csrfmiddlewaretoken": "f" * 64}).status_code == 403
     assert client.post("/console/keys/", {"name": "x", "csrfmiddlewaretoken": "f" * 64}).status_code == 403
+    assert client.post(f"/console/keys/{key_a.pk}/rotate/",
+                       {"grace": "0", "csrfmiddlewaretoken": "f" * 64}).status_code == 403
+    assert client.post("/console/people/", {"email": "x@example.com", "role": "owner",
+                                            "csrfmiddlewaretoken": "f" * 64}).status_code == 403
     assert ApiKey.objects.authenticate(secret_a) is not None and not ApiKey.objects.filter(label="x").exists()
 
 
@@ -93,7 +106,7 @@ def many_logs(tenant, keys, count: int, batch: str) -> None:
 
 
 @pytest.mark.parametrize("path", ["/console/", "/console/logs/", "/console/logs/?before=2100-01-01T00:00:00%2B00:00,1",
-                                  "/console/statement/", "/console/keys/"])
+                                  "/console/statement/", "/console/keys/", "/console/people/"])
 def test_pages_cost_a_bounded_number_of_queries_whatever_the_rows(world, path, django_assert_max_num_queries):
     people = world[0]
     keys = [make_key(people.tenant_a)[0] for _ in range(12)]
