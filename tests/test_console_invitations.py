@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from console.models import Invitation, TenantMembership
 from tests.console_cast import PASSWORD, cast, email, fast_passwords, signed_in  # noqa: F401 (a fixture)
+from tests.smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.django_db
 LINK = re.compile(r"https?://[^\s<\"]+/console/invite/([A-Za-z0-9_-]+)/")
@@ -137,6 +138,23 @@ def test_with_mail_set_up_the_link_is_mailed(people, settings):
     assert "on its way" in page
     (message,) = mail.outbox
     assert message.to == [address] and LINK.search(message.body).group(0) == LINK.search(page).group(0)
+
+
+def test_the_link_goes_out_through_a_real_smtp_conversation(people, settings):
+    sink = SmtpSink()
+    try:
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", sink.port
+        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+        settings.DEFAULT_FROM_EMAIL = "HopBase <console@hopbase.test>"
+        address = email("max")
+        page = signed_in(people.alice).post("/console/people/", {"email": address, "role": "member"}).content
+        recipients, message = sink.next_message()
+    finally:
+        sink.close()
+    assert recipients == [address] and message["From"] == "HopBase <console@hopbase.test>"
+    assert people.tenant_a.name in message["Subject"]
+    assert LINK.search(message.get_content()).group(0) == LINK.search(page.decode()).group(0)
 
 
 def test_the_command_prints_a_link_that_works(people, settings):
