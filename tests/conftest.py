@@ -10,6 +10,7 @@ their committed rows cannot surprise the unit tests.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -341,14 +342,38 @@ def database_url_for_subprocess() -> str:
     return f"postgres://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.fixture(scope="session")
-def gateway(world):
+def session_gateway(server: str) -> Iterator[Service]:
     env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url_for_subprocess()}
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
-    service = start_gateway(env)
+    service = start_gateway(env, server)
     yield service
     service.stop()
+
+
+@pytest.fixture(scope="session")
+def daphne_gateway(world) -> Iterator[Service]:
+    """The contract's plain ``daphne``."""
+    yield from session_gateway("daphne")
+
+
+@pytest.fixture(scope="session")
+def uvicorn_gateway(world) -> Iterator[Service]:
+    """``manage.py serve``'s default: uvicorn, in one worker."""
+    yield from session_gateway("uvicorn")
+
+
+@pytest.fixture(scope="session")
+def gateway(daphne_gateway) -> Service:
+    """The gateway most tests use. A module whose tests must hold under both
+    servers (protocols, failover, cancellation) overrides it with
+    ``gateway = pytest.fixture(params=SERVERS)(each_server)``."""
+    return daphne_gateway
+
+
+def each_server(request: pytest.FixtureRequest) -> Service:
+    """The session's gateway under the server ``request.param`` names."""
+    return request.getfixturevalue(f"{request.param}_gateway")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import httpx
 from django.conf import settings
 
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import BIN, ROOT, Service, free_port, wait_until_serving
+from tests.processes import BIN, ROOT, Service, free_port, gateway_command, wait_until_serving
 from tests.relay_checks import new_tag
 from tests.wire import Call, call
 
@@ -62,17 +62,27 @@ def start_daphne(**extra: str) -> Service:
     return Service("drain-gateway", args, gateway_env(**extra), "/healthz", port)
 
 
-class ServeGroup:
-    """``manage.py serve --workers N``, in a session of its own so that a
-    failed test can stop the workers too."""
+def start_under(server: str, **extra: str) -> Service:
+    """A gateway of the test's own under ``server`` (tests.processes.SERVERS):
+    the contract's ``daphne``, or ``manage.py serve --workers 1``."""
+    if server == "daphne":
+        return start_daphne(**extra)
+    port = free_port()
+    return Service("drain-gateway", gateway_command(server, port), gateway_env(**extra), "/healthz", port)
 
-    def __init__(self, workers: int, **extra: str) -> None:
+
+class ServeGroup:
+    """``manage.py serve --workers N --server S``, in a session of its own so
+    that a failed test can stop the workers too."""
+
+    def __init__(self, workers: int, server: str = "uvicorn", **extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = ROOT / "var" / f"serve-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--port", str(self.port), "--workers", str(workers)],
+            [sys.executable, "manage.py", "serve", "--port", str(self.port), "--workers", str(workers),
+             "--server", server],
             cwd=ROOT, env=gateway_env(**extra), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_until_serving(self.url + "/healthz", self.process)

@@ -1,5 +1,7 @@
-"""Real processes for integration tests: the upstream simulator and a Daphne
-gateway, each started on a free port and stopped at the end."""
+"""Real processes for integration tests: the upstream simulator and a
+gateway, each started on a free port and stopped at the end. A gateway runs
+under either server (``SERVERS``): plain ``daphne``, the contract's
+command, or ``manage.py serve --workers 1``, uvicorn in a worker of its own."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+SERVERS = ("daphne", "uvicorn")
 
 
 def free_port() -> int:
@@ -45,12 +48,25 @@ class Service:
         self.log_path = ROOT / "var" / f"{name}-{port}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        # A session of its own: a kill reaches serve's worker too.
+        self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         try:
             wait_until_serving(self.url + health_path, self.process)
         except RuntimeError:
             self.stop()
             raise RuntimeError(f"{name} did not start:\n{self.log_path.read_text()[-3000:]}") from None
+
+    @property
+    def serving_pid(self) -> int:
+        """The process that serves the requests: serve's one worker, or this one."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0]) if len(children) == 1 and "serve" in self.process.args else self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL, to every process of it (serve and its worker)."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -58,8 +74,7 @@ class Service:
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill()
         self._log.close()
 
 
@@ -74,12 +89,12 @@ def start_simulator() -> Service:
     )
 
 
-def start_gateway(env: dict[str, str]) -> Service:
+def gateway_command(server: str, port: int) -> list[str]:
+    if server == "daphne":
+        return [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "hopbase.asgi:application"]
+    return [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1", "--server", server]
+
+
+def start_gateway(env: dict[str, str], server: str = "daphne") -> Service:
     port = free_port()
-    return Service(
-        "gateway",
-        [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "hopbase.asgi:application"],
-        {**os.environ, **env},
-        "/healthz",
-        port,
-    )
+    return Service("gateway", gateway_command(server, port), {**os.environ, **env}, "/healthz", port)

@@ -27,13 +27,14 @@ from tests.drain_harness import (
     ServeGroup,
     assert_table_e,
     send,
-    start_daphne,
+    start_under,
     stop_for_good,
     tag_of,
     tagged,
     wait_for_exit,
     wait_for_readyz,
 )
+from tests.processes import SERVERS
 from tests.relay_checks import INTERRUPTED, TERMINALS, stream_errors
 from tests.wire import PROTOCOLS, wait_for_records
 
@@ -232,8 +233,9 @@ def assert_interrupted(stream: InFlight, signalled: float) -> None:
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("committed_db")
-def test_sigterm_drains_the_gateway(world):
-    gateway = start_daphne(HOPBASE_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT))
+@pytest.mark.parametrize("server", SERVERS)
+def test_sigterm_drains_the_gateway(world, server):
+    gateway = start_under(server, HOPBASE_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT))
     try:
         short = [InFlight(gateway.url, protocol, world.key, tagged(SHORT)) for protocol in PROTOCOLS]
         long = [InFlight(gateway.url, protocol, world.key, tagged(LONG)) for protocol in PROTOCOLS]
@@ -265,8 +267,9 @@ def test_sigterm_drains_the_gateway(world):
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("committed_db")
-def test_sigterm_with_nothing_in_flight_exits_at_once(world):
-    gateway = start_daphne(HOPBASE_DRAIN_TIMEOUT="30")
+@pytest.mark.parametrize("server", SERVERS)
+def test_sigterm_with_nothing_in_flight_exits_at_once(world, server):
+    gateway = start_under(server, HOPBASE_DRAIN_TIMEOUT="30")
     try:
         assert send(gateway.url, "chat", world.key).status_code == 200
         signalled = time.monotonic()
@@ -281,8 +284,9 @@ def test_sigterm_with_nothing_in_flight_exits_at_once(world):
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("committed_db")
-def test_serve_passes_sigterm_on_and_exits_when_its_workers_have_drained(world):
-    group = ServeGroup(workers=2, HOPBASE_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT))
+@pytest.mark.parametrize("server", SERVERS)
+def test_serve_passes_sigterm_on_and_exits_when_its_workers_have_drained(world, server):
+    group = ServeGroup(workers=2, server=server, HOPBASE_DRAIN_TIMEOUT=str(DRAIN_TIMEOUT))
     try:
         assert len(group.workers) == 2
         short = [InFlight(group.url, protocol, world.key, tagged(SHORT)) for protocol in ("chat", "gemini")]

@@ -11,6 +11,8 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.relay_checks import (
     TERMINALS,
     client_events,
@@ -30,6 +32,8 @@ from tests.wire import (
 )
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 # -- pass-through (P6, S1) --------------------------------------------------

@@ -14,6 +14,8 @@ import pytest
 from django.utils import timezone
 
 from billing.models import RequestLog
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.relay_checks import (
     GENERIC_ERROR,
     INTERRUPTED,
@@ -36,6 +38,8 @@ from tests.wire import (
 )
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 # -- after the first token (M2–M6) -------------------------------------------
