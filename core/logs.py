@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -40,3 +42,22 @@ class TextFormatter(logging.Formatter):
         if isinstance(fields, dict) and fields:
             text += " " + " ".join(f"{key}={value}" for key, value in fields.items())
         return text
+
+
+class HideLinkTokens(logging.Filter):
+    """Django logs every 4xx answer and every CSRF refusal with the request's
+    path; some paths carry a live one-time token (the console's invitation
+    and password-reset links). What follows such a path's prefix is hidden
+    before any handler writes the line."""
+
+    def __init__(self, prefixes: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.prefixes = tuple(prefixes)
+        self.pattern = re.compile("(" + "|".join(re.escape(p) for p in self.prefixes) + r")[^\s'\"<>]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.prefixes:
+            message = record.getMessage()
+            if any(prefix in message for prefix in self.prefixes):
+                record.msg, record.args = self.pattern.sub(r"\1…", message), ()
+        return True

@@ -263,7 +263,9 @@ LOGGING = {
         "json": {"()": "core.logs.JsonFormatter"},
         "text": {"()": "core.logs.TextFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": HOPBASE_LOG_FORMAT}},
+    "filters": {"link_tokens": {"()": "core.logs.HideLinkTokens", "prefixes": ["/console/invite/", "/console/reset/"]}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": HOPBASE_LOG_FORMAT,
+                             "filters": ["link_tokens"]}},
     "root": {"handlers": ["console"], "level": env_str("HOPBASE_LOG_LEVEL", "INFO")},
     "loggers": {
         # One line per request comes from HopBase itself; httpx would log every

@@ -168,3 +168,20 @@ def test_the_command_prints_a_link_that_works(people, settings):
     assert TenantMembership.objects.get(user__username=address).role == "owner"
     with pytest.raises(CommandError, match="already has an account"):
         call_command("invitetenantuser", people.tenant_a.name, address, "--role", "member", stdout=io.StringIO())
+
+
+def test_a_live_link_never_reaches_the_log(people):
+    import logging
+
+    handler = next(h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler)  # settings.LOGGING
+    out = io.StringIO()
+    stream = handler.setStream(out)
+    try:
+        link = invite(people.alice, email("ned"))
+        _, weak = join(link, "short")  # a 400, which Django logs with the request's path
+        forged = Client(enforce_csrf_checks=True).post(link, {"password": PASSWORD, "password_again": PASSWORD})
+    finally:
+        handler.setStream(stream)
+    token = link.rstrip("/").rsplit("/", 1)[-1]
+    assert weak.status_code == 400 and forged.status_code == 403
+    assert "/console/invite/…" in out.getvalue() and token not in out.getvalue()
