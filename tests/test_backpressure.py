@@ -13,19 +13,20 @@ from django.utils import timezone
 
 from billing.models import RequestLog
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import start_gateway
+from tests.processes import SERVERS, start_gateway
 from tests.wire import call, open_raw
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
 
-def test_a_client_that_stops_reading_has_its_stream_ended_not_buffered(world):
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_client_that_stops_reading_has_its_stream_ended_not_buffered(world, server):
     from django.conf import settings
 
     env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url_for_subprocess(), "HOPBASE_MAX_UNSENT_BYTES": "65536"}
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
-    gateway = start_gateway(env)
+    gateway = start_gateway(env, server)
     started = timezone.now()
     try:
         # About 20 MB of events, as fast as the simulator can send them.

@@ -18,7 +18,7 @@ from core.logs import JsonFormatter, TextFormatter
 from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import start_gateway
+from tests.processes import SERVERS, start_gateway
 from tests.wire import call, wait_for_log
 
 
@@ -66,13 +66,14 @@ def test_text_format_shows_the_fields_as_key_value():
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("committed_db")
-def test_the_gateway_logs_json_lines_without_secrets_and_no_server_error_for_its_refusals(world):
+@pytest.mark.parametrize("server", SERVERS)
+def test_the_gateway_logs_json_lines_without_secrets_and_no_server_error_for_its_refusals(world, server):
     from django.conf import settings
 
     env = {**GATEWAY_TIMERS, "DATABASE_URL": database_url_for_subprocess(), "HOPBASE_LOG_FORMAT": "json"}
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
-    gateway = start_gateway(env)
+    gateway = start_gateway(env, server)
     try:
         served = call("chat", world.key, "sim-model", "hi [sim tokens=2]", stream=False)
         ok = httpx.post(gateway.url + served.path, json=served.body, headers=served.headers)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import ROOT, Service, free_port, start_gateway
+from tests.processes import ROOT, SERVERS, Service, free_port, start_gateway
 from tests.wire import call
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
@@ -102,11 +102,13 @@ def test_a_metrics_token_is_required_when_set(world):
         gateway.stop()
 
 
-def test_every_process_of_serve_reports_the_totals_of_all(world):
+@pytest.mark.parametrize("server", SERVERS)
+def test_every_process_of_serve_reports_the_totals_of_all(world, server):
     port = free_port()
     env = {**os.environ, **gateway_env()}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    served = Service("serve", [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "2"], env, "/healthz", port)
+    command = [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "2", "--server", server]
+    served = Service("serve", command, env, "/healthz", port)
     try:
         for _ in range(12):  # new connections: the kernel spreads them over both workers
             with httpx.Client() as client:

@@ -1,5 +1,6 @@
 """Request bodies over HOPBASE_MAX_BODY_BYTES are refused while they are
-read (issue 30, item 5, hopbase.twisted_web): a declared length over the
+read (issue 30, item 5; hopbase.twisted_web under Daphne,
+hopbase.uvicorn_web under uvicorn; every test under both): a declared length over the
 limit at once, a chunked body as soon as what was read passes the limit;
 the API answers the 413 as before (its key read, the refusal logged), and
 the connection is closed. So a client can never make a gateway process hold
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.drain_harness import ServeGroup, start_daphne
+from tests.drain_harness import ServeGroup, start_under
+from tests.processes import SERVERS
 from tests.wire import wait_for_log
 
 LIMIT = 1024 * 1024  # the gateways' HOPBASE_MAX_BODY_BYTES here
@@ -53,9 +55,10 @@ def too_large(api: str, body: dict) -> bool:
     return APIS[api][2](body)
 
 
-@pytest.fixture(scope="module")
-def gateway(world):
-    service = start_daphne(HOPBASE_MAX_BODY_BYTES=str(LIMIT))
+@pytest.fixture(scope="module", params=SERVERS)
+def gateway(world, request):
+    """Daphne's (hopbase.twisted_web) and uvicorn's (hopbase.uvicorn_web)."""
+    service = start_under(request.param, HOPBASE_MAX_BODY_BYTES=str(LIMIT))
     yield service
     service.stop()
 
@@ -215,7 +218,7 @@ def warm_up(gateway, key: str) -> None:
 )
 def test_a_100_mb_body_sent_slowly_is_refused_while_it_is_read(gateway, world, framing, api, reading):
     warm_up(gateway, world.key)
-    with MemoryWatch(gateway.process.pid) as memory:
+    with MemoryWatch(gateway.serving_pid) as memory:
         outcome = send_slowly(gateway.port, head(api, framing, world.key), pieces(framing), reading)
 
     assert outcome.answer.startswith(b"HTTP/1.1 413 "), outcome.answer[:300]
@@ -280,10 +283,11 @@ def test_a_body_within_the_limit_is_still_read_and_served(gateway, world, framin
 
 
 @pytest.mark.gateway
-def test_serve_workers_refuse_an_over_long_body_at_once(world):
-    """``manage.py serve`` runs Daphne in hopbase.serve_worker: the same
+@pytest.mark.parametrize("server", SERVERS)
+def test_serve_workers_refuse_an_over_long_body_at_once(world, server):
+    """``manage.py serve``'s workers, uvicorn's or Daphne's: the same
     refusal, before a byte of the body is sent."""
-    group = ServeGroup(workers=2, HOPBASE_MAX_BODY_BYTES=str(LIMIT))
+    group = ServeGroup(workers=2, server=server, HOPBASE_MAX_BODY_BYTES=str(LIMIT))
     try:
         for _ in range(16):  # the kernel spreads connections over the workers
             started = time.monotonic()

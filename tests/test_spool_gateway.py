@@ -6,7 +6,6 @@ for at least their last progress."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
@@ -18,7 +17,7 @@ from billing.models import RequestLog
 from billing.spool import read_segment
 from core.usage import estimate_tokens
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import start_gateway
+from tests.processes import SERVERS, start_gateway
 from tests.wire import PROTOCOLS, call, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
@@ -34,8 +33,7 @@ def gateway_env(spool_dir, **overrides) -> dict[str, str]:
 
 
 def kill(service) -> None:
-    service.process.send_signal(signal.SIGKILL)
-    service.process.wait(10)
+    service.kill()
     service._log.close()
 
 
@@ -74,10 +72,11 @@ def wait_for_progress(spool_dir, request_ids: list[str], min_chars: int, timeout
         time.sleep(0.1)
 
 
-def test_answered_requests_survive_a_kill_before_they_reach_the_database(world, tmp_path):
+@pytest.mark.parametrize("server", SERVERS)
+def test_answered_requests_survive_a_kill_before_they_reach_the_database(world, tmp_path, server):
     # A long flush interval: the rows are still in the recorder's queue when
     # the process dies.
-    first = start_gateway(gateway_env(tmp_path, HOPBASE_LOG_FLUSH_INTERVAL="60"))
+    first = start_gateway(gateway_env(tmp_path, HOPBASE_LOG_FLUSH_INTERVAL="60"), server)
     request_ids = []
     for protocol in PROTOCOLS:
         request = call(protocol, world.key, "sim-model", "hello [sim tokens=3]", stream=False)
@@ -96,8 +95,9 @@ def test_answered_requests_survive_a_kill_before_they_reach_the_database(world, 
     assert list(tmp_path.glob("*.spool")) == [] or all(p.stat().st_size == 0 for p in tmp_path.glob("*.spool"))
 
 
-def test_streams_in_flight_become_interrupted_rows_after_a_kill(world, tmp_path):
-    first = start_gateway(gateway_env(tmp_path))
+@pytest.mark.parametrize("server", SERVERS)
+def test_streams_in_flight_become_interrupted_rows_after_a_kill(world, tmp_path, server):
+    first = start_gateway(gateway_env(tmp_path), server)
     streams = [OpenStream(first.url, protocol, world.key) for protocol in PROTOCOLS]
     for stream in streams:
         stream.start()
