@@ -213,13 +213,22 @@ class RedisBudgetStore:
         return Admission()
 
     async def settle(self, lines: list[Line], request_id: str, charge: int) -> list[Settled]:
-        keys = [name for line in lines for name in (line.book, line.leases)]
-        args: list[object] = [request_id, charge]
-        for line in lines:
-            args += [line.limit, -1 if line.threshold is None else line.threshold]
-        found = await self._clients.client().eval(SETTLE, len(keys), *keys, *args)
-        return [Settled(line, int(spent), bool(int(crossed)), bool(int(exhausted)))
-                for line, (spent, crossed, exhausted) in zip(lines, found, strict=True)]
+        return (await self.settle_many([(lines, request_id, charge)]))[0]
+
+    async def settle_many(self, charges: list[tuple[list[Line], str, int]]) -> list[list[Settled]]:
+        """Several requests' charges, in one round trip (a pipeline, not a
+        transaction: each script is atomic on its own)."""
+        pipe = self._clients.client().pipeline(transaction=False)
+        for lines, request_id, charge in charges:
+            keys = [name for line in lines for name in (line.book, line.leases)]
+            args: list[object] = [request_id, charge]
+            for line in lines:
+                args += [line.limit, -1 if line.threshold is None else line.threshold]
+            pipe.eval(SETTLE, len(keys), *keys, *args)
+        answers = await pipe.execute()
+        return [[Settled(line, int(spent), bool(int(crossed)), bool(int(exhausted)))
+                 for line, (spent, crossed, exhausted) in zip(lines, found, strict=True)]
+                for (lines, _, _), found in zip(charges, answers, strict=True)]
 
     async def renew(self, lines: list[Line], request_ids: list[str]) -> None:
         if lines and request_ids:
@@ -286,6 +295,9 @@ class LocalBudgetStore:
             exhausted = spent >= line.limit and book.flag("budget.exhausted")
             found.append(Settled(line, spent, crossed, exhausted))
         return found
+
+    async def settle_many(self, charges: list[tuple[list[Line], str, int]]) -> list[list[Settled]]:
+        return [await self.settle(lines, request_id, charge) for lines, request_id, charge in charges]
 
     async def renew(self, lines: list[Line], request_ids: list[str]) -> None:
         until = self._clock() + settings.HOPBASE_RESERVATION_LEASE

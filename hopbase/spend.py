@@ -58,6 +58,7 @@ STORE_DOWN_RETRY_AFTER = 5
 # (after that the reservation lapses and the window's spend misses it).
 SETTLE_RETRY_SECONDS = 1.0
 SETTLE_RETRIES = 30
+SETTLE_BATCH = 64  # charges settled in one round trip to the store
 STORE_ERRORS = (OSError, RedisError)
 
 
@@ -129,6 +130,7 @@ class Spend:
         self._held: dict[str, Hold] = {}
         self._renewer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._settler: asyncio.Task | None = None
         self._settling: deque[tuple[Hold, int]] = deque()
 
     @property
@@ -205,7 +207,9 @@ class Spend:
             token_limits.correct(hold.tpm_key, hold.request_id, tokens)
         if hold.lines:
             self._settling.append((hold, charge))
-            self._detach(self._settle_pending())
+            if self._settler is None or self._settler.done():
+                # One settler at a time: two would settle the same charge twice, and drop another.
+                self._settler = self._detach(self._settle_pending())
 
     @staticmethod
     def _cost(hold: Hold, record: Finished) -> tuple[int, int]:
@@ -225,14 +229,17 @@ class Spend:
     async def _settle_pending(self) -> None:
         for _ in range(SETTLE_RETRIES):
             while self._settling:
-                hold, charge = self._settling[0]
+                # Those that ended meanwhile go together: one round trip to the store.
+                batch = [self._settling[n] for n in range(min(len(self._settling), SETTLE_BATCH))]
                 try:
-                    settled = await self.store.settle(hold.lines, hold.request_id, charge)
+                    settled = await self.store.settle_many(
+                        [(hold.lines, hold.request_id, charge) for hold, charge in batch])
                 except STORE_ERRORS as error:
                     redis_dependency.failed(error)
                     break
-                self._settling.popleft()
-                self._alert(hold, settled)
+                for (hold, _), found in zip(batch, settled, strict=True):
+                    self._settling.popleft()
+                    self._alert(hold, found)
             if not self._settling:
                 return
             await asyncio.sleep(SETTLE_RETRY_SECONDS)
@@ -247,14 +254,15 @@ class Spend:
             if found.exhausted:
                 raise_alert(budget.id, AlertType.EXHAUSTED, found.line.window, from_units(found.spent))
 
-    def _detach(self, coroutine) -> None:
+    def _detach(self, coroutine) -> asyncio.Task | None:
         try:
             task = asyncio.get_running_loop().create_task(coroutine)
         except RuntimeError:
             coroutine.close()  # no loop (a test's own thread): nothing held here to give back
-            return
+            return None
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _keep_renewing(self) -> None:
         if self._renewer is None or self._renewer.done():

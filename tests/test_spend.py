@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+import redis as redis_lib
 
 from billing.budget_store import LocalBudgetStore, RedisBudgetStore, from_units
 from billing.finished import Finished
@@ -220,3 +221,30 @@ def test_budgets_that_cannot_be_checked_refuse_the_request(world, redis_breaker)
             asyncio.run(guard.admit(caller, CHAT, chat(max_tokens=500), "r1"))
         assert refused.value.kind is ErrorKind.UNAVAILABLE and refused.value.retry_after
     assert not redis_breaker.up
+
+
+def test_requests_ending_together_each_settle_their_charge_once(world, settings):
+    """Many endings while a settlement is on its way to Redis: each charge is
+    added to the window's spend exactly once (none twice, none dropped)."""
+    if not settings.REDIS_URL:
+        pytest.skip("the race is with Redis's round trips; the in-process store has none")
+    tenant, key, caller = world
+    Budget.objects.create(tenant=tenant, period="1d", limit_usd=Decimal("100"))
+    store = RedisBudgetStore(settings.REDIS_URL)
+    redis = redis_lib.Redis.from_url(settings.REDIS_URL)
+
+    async def scenario() -> int:
+        guard = Spend(store)
+        holds = [await guard.admit(caller, CHAT, chat(max_tokens=10), f"r{n}") for n in range(40)]
+        book = holds[0].lines[0].book
+        before = int(redis.hget(book, "spent"))  # a window another run left is carried on, not reset
+        for n, hold in enumerate(holds):
+            guard.ended(hold, record(caller, RequestStatus.COMPLETED, 100, 300))
+            if n % 3 == 0:
+                await asyncio.sleep(0)  # a settlement gets under way among the endings
+        while guard._tasks:
+            await asyncio.gather(*guard._tasks)
+        return int(redis.hget(book, "spent")) - before
+
+    # Each: (100 x 2 + 300 x 10) / 10^6 x 1.5 = 0.0048 USD.
+    assert from_units(asyncio.run(scenario())) == 40 * Decimal("0.0048")
