@@ -75,14 +75,14 @@ class ServeGroup:
     """``manage.py serve --workers N --server S``, in a session of its own so
     that a failed test can stop the workers too."""
 
-    def __init__(self, workers: int, server: str = "uvicorn", **extra: str) -> None:
+    def __init__(self, workers: int, server: str = "uvicorn", options: tuple[str, ...] = (), **extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = ROOT / "var" / f"serve-{self.port}.log"
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "serve", "--port", str(self.port), "--workers", str(workers),
-             "--server", server],
+             "--server", server, *options],
             cwd=ROOT, env=gateway_env(**extra), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_until_serving(self.url + "/healthz", self.process)

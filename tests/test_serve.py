@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import database_url_for_subprocess
-from tests.processes import ROOT, free_port, wait_until_serving
+from tests.processes import ROOT, SERVERS, free_port, wait_until_serving
 
 
 def children_of(pid: int) -> list[int]:
@@ -74,10 +74,10 @@ def open_together(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-def start_serve(port: int, workers: int) -> subprocess.Popen:
+def start_serve(port: int, workers: int, server: str = "uvicorn") -> subprocess.Popen:
     env = {**os.environ, "DATABASE_URL": database_url_for_subprocess()}
     return subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers)],
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", str(workers), "--server", server],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -87,9 +87,9 @@ def start_serve(port: int, workers: int) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def serving(port: int, workers: int = 2) -> Iterator[subprocess.Popen]:
+def serving(port: int, workers: int = 2, server: str = "uvicorn") -> Iterator[subprocess.Popen]:
     """``manage.py serve`` on ``port``, answering; stopped after."""
-    service = start_serve(port, workers)
+    service = start_serve(port, workers, server)
     try:
         wait_until_serving(f"http://127.0.0.1:{port}/healthz", service)
         yield service
@@ -107,12 +107,14 @@ def stop(service: subprocess.Popen) -> None:
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("world")
-def test_it_runs_the_workers_on_one_port_and_stops_them_all():
+@pytest.mark.parametrize("server", SERVERS)
+def test_it_runs_the_workers_on_one_port_and_stops_them_all(server):
     port = free_port()
-    with serving(port) as service:
+    with serving(port, server=server) as service:
         workers = children_of(service.pid)
         assert len(workers) == 2
-        # Each runs Daphne on uvloop (hopbase.serve_worker), not asyncio's loop.
+        assert all(f"--server {server}" in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ") for pid in workers)
+        # Each runs its server on uvloop (hopbase.serve_worker), not asyncio's loop.
         assert all("/uvloop/loop." in Path(f"/proc/{pid}/maps").read_text() for pid in workers)
         assert all(httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200 for _ in range(10))
         service.send_signal(signal.SIGTERM)
@@ -122,9 +124,10 @@ def test_it_runs_the_workers_on_one_port_and_stops_them_all():
 
 @pytest.mark.gateway
 @pytest.mark.usefixtures("world")
-def test_keep_alive_connections_opened_together_spread_over_the_workers():
+@pytest.mark.parametrize("server", SERVERS)
+def test_keep_alive_connections_opened_together_spread_over_the_workers(server):
     port = free_port()
-    with serving(port) as service:
+    with serving(port, server=server) as service:
         workers = children_of(service.pid)
         connections = open_together(port, 24)
         try:
