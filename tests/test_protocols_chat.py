@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import (
     TOOL_ARGUMENTS,
     TOOL_NAME,
@@ -24,6 +26,8 @@ from tests.protocol_checks import (
 )
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

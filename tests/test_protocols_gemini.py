@@ -9,6 +9,8 @@ import httpx
 import pytest
 from google.genai import types
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import (
     check_credentials,
     check_log,
@@ -21,6 +23,8 @@ from tests.protocol_checks import (
 )
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import (
     CHANNEL_PROTOCOL,
     anthropic_client,
@@ -22,6 +24,8 @@ from tests.protocol_checks import (
 )
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

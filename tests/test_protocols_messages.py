@@ -8,6 +8,8 @@ from __future__ import annotations
 import anthropic
 import pytest
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import (
     TOOL_ARGUMENTS,
     TOOL_NAME,
@@ -23,6 +25,8 @@ from tests.protocol_checks import (
 )
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

@@ -10,9 +10,13 @@ import openai
 import pytest
 
 from channels_pool.models import Channel
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import anthropic_client, genai_client, openai_client
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
 from tests.protocol_checks import (
     check_credentials,
     check_log,
@@ -19,6 +21,8 @@ from tests.protocol_checks import (
 )
 
 pytestmark = pytest.mark.gateway
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 
 

@@ -11,7 +11,13 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from tests.conftest import each_server
+from tests.processes import SERVERS
+from tests.relay_checks import new_tag
+
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
+# Every test here under both servers: plain daphne and manage.py serve (uvicorn).
+gateway = pytest.fixture(params=SERVERS)(each_server)
 
 GENERIC = "The model provider returned an error. Please retry."
 
@@ -102,9 +108,10 @@ def test_openai_gets_a_rate_limit_error_it_can_retry(oai):
 
 def test_openai_retries_an_all_busy_answer_by_itself(gateway, world, sim_records):
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=world.key, max_retries=1)
+    tag = new_tag()  # each server's run counts its own
     with pytest.raises(openai.RateLimitError):
-        client.chat.completions.create(model="all-busy", messages=user("hi [sim tag=retried-once]"))
-    assert len(sim_records("retried-once")) == 4  # two channels, tried twice
+        client.chat.completions.create(model="all-busy", messages=user(f"hi [sim tag={tag}]"))
+    assert len(sim_records(tag)) == 4  # two channels, tried twice
 
 
 def test_anthropic_gets_an_overloaded_error(claude):
