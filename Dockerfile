@@ -36,7 +36,7 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "bin/healthcheck", "http", "http://127.0.0.1:8000/healthz"]
 
-# serve passes SIGTERM on to its Daphne processes, which drain; give the
+# serve passes SIGTERM on to its worker processes (uvicorn), which drain; give the
 # container HOPBASE_DRAIN_TIMEOUT (30 s) + a few seconds before SIGKILL.
 STOPSIGNAL SIGTERM
 CMD ["python", "manage.py", "serve", "--host", "0.0.0.0", "--port", "8000"]
