@@ -11,7 +11,8 @@ openai SDK (the gateway relays to the upstream simulator), sees that
 request's row, tokens and charge on the logs page and the charge with the
 balance it left on the statement, downloads the statement's CSV (that
 charge in it, the file byte for byte ``exportbilling --tenant``), revokes
-the key in the page, and the SDK is refused (401). At both widths.
+the key in the page, and the SDK is refused (401). At both widths, under
+both servers (plain daphne, and uvicorn as ``manage.py serve`` runs it).
 
 Screenshots are kept under var/screenshots/console-*.png.
 """
@@ -101,13 +102,16 @@ def test_an_owner_signs_in_reads_every_page_and_makes_a_key(owner, tmp_path, wid
         assert shown not in driver.page_source and f"from-browser-{width}" in driver.page_source
 
 
+# Each server once (the contract's daphne; uvicorn, manage.py serve's default), each width once:
+# the layout does not depend on the server, nor the serving on the width.
 @pytest.mark.gateway
-@pytest.mark.parametrize(("width", "height"), [(1440, 900), (390, 844)])
+@pytest.mark.parametrize(("server", "width", "height"), [("daphne", 1440, 900), ("uvicorn", 390, 844)])
 def test_a_key_made_in_the_console_is_used_charged_and_revoked_through_the_gateway(
-    gateway, committed_db, tmp_path, width, height
+    request, committed_db, tmp_path, server, width, height
 ):
     from selenium.webdriver.common.by import By
 
+    gateway = request.getfixturevalue(f"{server}_gateway")
     who = customer()
     name = f"roundtrip-{width}"
     with chromium(tmp_path, (width, height)) as driver:
