@@ -1,13 +1,15 @@
 """Counting a prompt's tokens: Anthropic's ``/v1/messages/count_tokens`` and
 Gemini's ``:countTokens``.
 
-The count comes from a channel serving the model, whatever its protocol, by
-that provider's own counting endpoint (Anthropic and Gemini have one; the
-request translated for it as for a generation); when no channel can count
-(an OpenAI channel, or every counting channel failing), it is estimated from
-the prompt's characters and the answer says so (``x-hopbase-estimated``).
-Counting is free at the providers and is not a generation: like model
-lists, it leaves no request log and no charge.
+The count comes from a channel serving the model, whatever its protocol or
+kind, by the counting endpoint behind it (Anthropic's and Gemini's own,
+Vertex's for Gemini and for Claude, Bedrock's CountTokens; the request
+translated for it as for a generation, and sent as the channel's kind sends
+a call: ``Operation.COUNT``); when no channel can count (OpenAI and Azure
+have no counting endpoint, or every counting channel failed), it is
+estimated from the prompt's characters and the answer says so
+(``x-hopbase-estimated``). Counting is free at the providers and is not a
+generation: like model lists, it leaves no request log and no charge.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import orjson
 from django.http import HttpResponse
 
 from channels_pool.health import board
+from channels_pool.kinds import AuthFailed, Operation, UpstreamRequest
+from channels_pool.kinds import Call as KindCall
 from channels_pool.selection import ChannelInfo, directory
-from core.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.usage import estimate_tokens
 from core.vocabulary import WireProtocol
 from hopbase import gateway
@@ -36,30 +39,6 @@ from hopbase.translation.neutral import CannotServe
 log = logging.getLogger("hopbase.counting")
 ESTIMATED_HEADER = "x-hopbase-estimated"
 COUNT_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
-# What Anthropic's counting endpoint takes of a Messages request (it refuses the rest).
-ANTHROPIC_COUNTED_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
-
-
-@dataclass(frozen=True)
-class Counter:
-    """A channel protocol's counting endpoint: the request for the facts a
-    leg would send it, and the token count in its answer."""
-
-    request: Callable[[ChannelInfo, RequestFacts], tuple[str, dict[str, str], bytes]]
-    total: Callable[[Any], int]
-
-
-def _anthropic_request(channel: ChannelInfo, facts: RequestFacts) -> tuple[str, dict[str, str], bytes]:
-    body = {name: facts.body[name] for name in ANTHROPIC_COUNTED_FIELDS if name in facts.body}
-    headers = {"x-api-key": channel.secret, "anthropic-version": "2023-06-01", "content-type": "application/json"}
-    return channel.base_url.rstrip("/") + "/v1/messages/count_tokens", headers, dumps(body)
-
-
-def _gemini_request(channel: ChannelInfo, facts: RequestFacts) -> tuple[str, dict[str, str], bytes]:
-    model = quote(facts.model, safe="")
-    body = {"generateContentRequest": {"model": f"models/{facts.model}", **facts.body}}
-    url = f"{channel.base_url.rstrip('/')}/{facts.route.get('version') or 'v1beta'}/models/{model}:countTokens"
-    return url, {"x-goog-api-key": channel.secret, "content-type": "application/json"}, dumps(body)
 
 
 def _count(value: Any, key: str) -> int:
@@ -69,9 +48,11 @@ def _count(value: Any, key: str) -> int:
     return count
 
 
-COUNTERS: dict[str, Counter] = {
-    WireProtocol.ANTHROPIC: Counter(_anthropic_request, lambda answer: _count(answer, "input_tokens")),
-    WireProtocol.GEMINI: Counter(_gemini_request, lambda answer: _count(answer, "totalTokens")),
+# Where each grammar's counting answer puts the count (OpenAI's grammar has none).
+COUNTS: dict[str, Callable[[Any], int]] = {
+    WireProtocol.ANTHROPIC: lambda answer: _count(answer, "input_tokens"),
+    WireProtocol.GEMINI: lambda answer: _count(answer, "totalTokens"),
+    WireProtocol.CONVERSE: lambda answer: _count(answer, "inputTokens"),
 }
 
 
@@ -113,7 +94,7 @@ async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] 
             raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
     except GatewayError as error:
         return error_response(call.api, error)
-    tokens = await _counted_by_a_channel(legs, channels)
+    tokens = await _counted_by_a_channel(legs, channels, call.headers)
     counted = tokens if tokens is not None else estimate_tokens(facts.prompt_chars)
     response = HttpResponse(dumps(counting.answer(counted)), content_type="application/json")
     if tokens is None:
@@ -121,22 +102,45 @@ async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] 
     return response
 
 
-async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo]) -> int | None:
+async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo], client_headers: dict[str, str]) -> int | None:
     http = gateway.relay().http
     for channel in channels:
-        counter = COUNTERS.get(channel.protocol)
-        if counter is None:
+        if not channel.kind.serves(Operation.COUNT):
             continue
         try:
             leg = legs.to(channel)
         except CannotServe:
             continue
-        url, headers, content = counter.request(channel, leg.facts)
+        total = COUNTS.get(leg.api.wire)
+        if total is None:
+            continue
+        facts = leg.facts
+        headers = leg.api.upstream_call(facts, client_headers).headers  # anthropic-version and -beta, say
+        call = KindCall(Operation.COUNT, facts.model, facts.body, b"", headers, facts.route)
+        request = channel.kind.request(channel, call)
         try:
-            answer = await http.post(url, headers=headers, content=content, timeout=COUNT_TIMEOUT)
+            answer = await _asked(channel, request, http)
             if answer.status_code == 200:
-                return counter.total(orjson.loads(answer.content))
+                body = request.answer(answer.content, answer.headers) if request.answer else answer.content
+                return total(orjson.loads(body))
             log.info("channel %s answered a token count with status %s", channel.name, answer.status_code)
-        except (httpx.HTTPError, ValueError) as error:
+        except (httpx.HTTPError, ValueError, AuthFailed) as error:
             log.info("channel %s could not count tokens: %s", channel.name, type(error).__name__)
     return None
+
+
+async def _asked(channel: ChannelInfo, request: UpstreamRequest, http: httpx.AsyncClient) -> httpx.Response:
+    """The counting endpoint's answer; a token the cloud no longer takes
+    (401) is dropped by the kind and the request made once more with a new one."""
+    answer = await _post(request, http)
+    if answer.status_code == 401 and request.authorize is not None:
+        channel.kind.failure(channel, 401, answer.content, None,
+                             lambda status, body, after: UpstreamFailure(f"http_{status}", status))
+        answer = await _post(request, http)
+    return answer
+
+
+async def _post(request: UpstreamRequest, http: httpx.AsyncClient) -> httpx.Response:
+    if request.authorize is not None:
+        await request.authorize(request, http)
+    return await http.post(request.url, headers=request.headers, content=request.content, timeout=COUNT_TIMEOUT)

@@ -36,7 +36,7 @@ from tests.conftest import AZURE_DEPLOYMENT, BEDROCK_CLAUDE, VERTEX_CLAUDE, VERT
 from tests.protocol_checks import RequestIds, anthropic_client, genai_client, new_tag, openai_client, prompt, words
 from tests.relay_checks import GENERIC_ERROR, INTERRUPTED, TERMINALS, client_events, post, stream, stream_errors
 from tests.settlement_checks import wait_for
-from tests.translation_clients import CLIENT_APIS, NATIVE, ask
+from tests.translation_clients import CLIENT_APIS, NATIVE, ask, count_tokens
 from tests.wire import records, sent_bytes, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
@@ -602,3 +602,42 @@ def test_a_token_the_cloud_no_longer_takes_fails_over_then_is_exchanged_anew(gat
     log = one_log(served.headers["x-hopbase-request-id"])
     assert (served.status_code, log.attempts, log.channel_id) == (200, 1, vertex)
     assert exchanges() == before + 1
+
+
+# -- counting tokens through a cloud ------------------------------------------
+
+# public model -> where the simulator is asked to count, as it records it (None: no counting endpoint)
+COUNTED_AT = {
+    "cloud-azure": None,
+    "cloud-bedrock": ("bedrock-anthropic", f"/model/{BEDROCK_CLAUDE[BEDROCK_CLAUDE.find('anthropic.'):]}/count-tokens"),
+    "cloud-vertex-gemini": ("gemini", f"/publishers/google/models/{VERTEX_GEMINI}:countTokens"),
+    "cloud-vertex-claude": ("anthropic", "/publishers/anthropic/models/count-tokens:rawPredict"),
+}
+
+
+@pytest.mark.parametrize("api", ["messages", "gemini"])
+@pytest.mark.parametrize("model", list(SERVED))
+def test_tokens_are_counted_by_the_cloud_serving_the_model(gateway, world, simulator, model, api):
+    tag = new_tag()
+    text = prompt(tag)
+    response, counted = count_tokens(gateway, world.key, api, model, text)
+    assert response.status_code == 200
+    if COUNTED_AT[model] is None:
+        assert response.headers["x-hopbase-estimated"] == "true" and counted == -(-len(text) // 4)
+        assert tagged(simulator, tag) == []
+        return
+    assert "x-hopbase-estimated" not in response.headers and counted == words(text)
+    # (One more before it, a 401, where an earlier test made the cloud forget Vertex's tokens.)
+    *refused, record = tagged(simulator, tag)
+    protocol, path_end = COUNTED_AT[model]
+    assert record["protocol"] == protocol and record["path"].endswith(path_end), record["path"]
+    assert record["status"] == 200 and [r["status"] for r in refused] in ([], [401])
+
+
+def test_a_count_whose_token_the_cloud_no_longer_takes_is_asked_again_with_a_new_one(gateway, world, simulator):
+    assert httpx.post(f"{simulator.url}/_sim/tokens", params={"revoke": "1"}).status_code == 200
+    tag = new_tag()
+    text = prompt(tag)
+    response, counted = count_tokens(gateway, world.key, "messages", "cloud-vertex-claude", text)
+    assert response.status_code == 200 and "x-hopbase-estimated" not in response.headers and counted == words(text)
+    assert [r["status"] for r in tagged(simulator, tag)] == [401, 200]

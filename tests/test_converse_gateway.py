@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import httpx
 import pytest
 
 from billing.exports import export_rows, for_export
@@ -87,3 +88,16 @@ def test_a_bad_checksum_mid_converse_is_an_interruption(gateway, world):
     errors = stream_errors(response.content)
     assert len(errors) == 1 and json.dumps(errors[0]).count("UNAVAILABLE") == 1
     assert wait_for_log(response.headers["x-hopbase-request-id"]).status == "interrupted"
+
+
+def test_a_converse_model_counts_tokens_with_bedrocks_count_tokens(gateway, world, simulator):
+    tag = new_tag()
+    text = prompt(tag)
+    response = httpx.post(f"{gateway.url}/v1/messages/count_tokens", timeout=20,
+                          headers={"x-api-key": world.key, "anthropic-version": "2023-06-01"},
+                          json={"model": MODEL, "system": "be brief", "messages": [{"role": "user", "content": text}]})
+    assert response.status_code == 200 and "x-hopbase-estimated" not in response.headers
+    assert response.json() == {"input_tokens": words(text) + 2}  # the system prompt's two words too
+    (record,) = records(simulator.url, tag)
+    assert (record["protocol"], record["path"]) == ("bedrock-converse", f"/model/{NOVA}/count-tokens")
+    assert record["body"]["input"]["converse"]["system"] == [{"text": "be brief"}]

@@ -163,3 +163,38 @@ def test_a_stale_credential_is_refreshed_once_however_many_wait():
 
     tokens, refreshes = asyncio.run(scenario())
     assert tokens == ["token"] * 20 and refreshes == 1
+
+
+def test_counting_goes_to_each_kinds_own_counting_endpoint():
+    messages = {"model": "m", "max_tokens": 9, "temperature": 1, "messages": [{"role": "user", "content": "hi"}]}
+    vendor = channel("anthropic")
+    request = vendor.kind.request(vendor, Call(Operation.COUNT, "claude-x", messages, b""))
+    assert request.url == "http://cloud.test/v1/messages/count_tokens"
+    assert orjson.loads(request.content) == {"model": "m", "messages": messages["messages"]}  # all it takes
+    contents = {"contents": [{"parts": [{"text": "hi"}]}], "safetySettings": []}
+    gemini = channel("gemini")
+    request = gemini.kind.request(gemini, Call(Operation.COUNT, "gemini-x", contents, b"", route={"version": "v1beta"}))
+    assert request.url == "http://cloud.test/v1beta/models/gemini-x:countTokens"
+    assert orjson.loads(request.content) == {"generateContentRequest": {"model": "models/gemini-x", **contents}}
+    vertex = channel("vertex", project="p", location="l")
+    request = vertex.kind.request(vertex, Call(Operation.COUNT, "gemini-x", contents, b""))
+    assert request.url.endswith("/projects/p/locations/l/publishers/google/models/gemini-x:countTokens")
+    assert orjson.loads(request.content) == {"contents": contents["contents"]}  # Vertex refuses safetySettings
+    request = vertex.kind.request(vertex, Call(Operation.COUNT, "claude-x@1", messages, b""))
+    assert request.url.endswith("/publishers/anthropic/models/count-tokens:rawPredict")
+    assert orjson.loads(request.content)["model"] == "claude-x@1"
+    assert not channel("openai").kind.serves(Operation.COUNT) and not channel("azure").kind.serves(Operation.COUNT)
+
+
+def test_bedrock_counts_a_profiles_foundation_model_with_the_invoke_body_as_a_blob():
+    bedrock = channel("bedrock", secret="ABSKexample", region="us-east-1")
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    request = bedrock.kind.request(bedrock, Call(Operation.COUNT, "us.anthropic.claude-x-v1:0", body, b""))
+    assert request.url == "http://cloud.test/model/anthropic.claude-x-v1%3A0/count-tokens"
+    invoke = orjson.loads(base64.b64decode(orjson.loads(request.content)["input"]["invokeModel"]["body"]))
+    assert invoke == {"messages": body["messages"], "anthropic_version": "bedrock-2023-05-31", "max_tokens": 1}
+    assert orjson.loads(request.answer(b'{"inputTokens": 12}', None)) == {"input_tokens": 12}
+    converse = {"messages": [{"role": "user", "content": [{"text": "hi"}]}], "inferenceConfig": {"maxTokens": 5}}
+    request = bedrock.kind.request(bedrock, Call(Operation.COUNT, "amazon.nova-pro-v1:0", converse, b""))
+    assert orjson.loads(request.content) == {"input": {"converse": {"messages": converse["messages"]}}}
+    assert request.answer is None

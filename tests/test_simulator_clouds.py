@@ -154,6 +154,18 @@ def test_invoke_answers_the_anthropic_message(sim: Sim) -> None:
     assert response["ResponseMetadata"]["HTTPHeaders"]["x-amzn-bedrock-output-token-count"] == "2"
 
 
+def test_count_tokens_counts_an_invoke_body_or_a_converse_request_for_boto3(sim: Sim) -> None:
+    client = bedrock(sim)
+    invoke = client.count_tokens(modelId="anthropic.claude-3-5-haiku-20241022-v1:0", input={
+        "invokeModel": {"body": json.dumps(bedrock_anthropic_body("three words here [sim tag=ct-invoke]"))}})
+    converse = client.count_tokens(modelId="amazon.nova-pro-v1:0", input={"converse": {
+        "system": [{"text": "be brief"}],
+        "messages": [{"role": "user", "content": [{"text": "two words [sim tag=ct-converse]"}]}]}})
+    assert invoke["inputTokens"] == words_in("three words here [sim tag=ct-invoke]")
+    assert converse["inputTokens"] == words_in("be brief", "two words [sim tag=ct-converse]")
+    assert sim.record("ct-converse")["path"] == "/model/amazon.nova-pro-v1:0/count-tokens"
+
+
 def test_bedrock_refuses_an_anthropic_body_with_model_or_stream(sim: Sim) -> None:
     with pytest.raises(ClientError) as caught:
         bedrock(sim).invoke_model(modelId=CLAUDE_PROFILE,

@@ -17,7 +17,7 @@ import pytest
 
 from tests.protocol_checks import TOOL_ARGUMENTS, TOOL_NAME, new_tag, prompt, upstream_record, wait_for_log, words
 from tests.relay_checks import stream_errors
-from tests.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask
+from tests.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask, count_tokens
 from tests.wire import wait_for_records
 
 pytestmark = pytest.mark.gateway
@@ -171,16 +171,7 @@ def test_count_tokens_asks_the_serving_provider_or_estimates(gateway, world, sim
     tag = new_tag()
     text = prompt(tag)
     model = f"via-{wire}"
-    if api == "messages":
-        response = httpx.post(f"{gateway.url}/v1/messages/count_tokens", timeout=20,
-                              headers={"x-api-key": world.key, "anthropic-version": "2023-06-01"},
-                              json={"model": model, "messages": [{"role": "user", "content": text}]})
-        counted = response.json()["input_tokens"]
-    else:
-        response = httpx.post(f"{gateway.url}/v1beta/models/{model}:countTokens", timeout=20,
-                              headers={"x-goog-api-key": world.key},
-                              json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
-        counted = response.json()["totalTokens"]
+    response, counted = count_tokens(gateway, world.key, api, model, text)
     assert response.status_code == 200
     if wire == "openai":
         # No counting endpoint for Chat Completions: estimated from characters.

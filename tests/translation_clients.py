@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 import anthropic
+import httpx
 import openai
 from google.genai import types
 
@@ -43,6 +44,20 @@ class Answer:
 def ask(gateway, key: str, api: str, model: str, text: str, *, stream: bool, tool: bool = False,
         thinking: bool = False, max_tokens: int = 256) -> Answer:
     return ASK[api](gateway, key, model, text, stream, tool, thinking, max_tokens)
+
+
+def count_tokens(gateway, key: str, api: str, model: str, text: str) -> tuple[httpx.Response, int]:
+    """Anthropic's count_tokens (``api`` "messages") or Gemini's countTokens
+    for one user turn of ``text``: the answer, and the count in it."""
+    if api == "messages":
+        response = httpx.post(f"{gateway.url}/v1/messages/count_tokens", timeout=20,
+                              headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+                              json={"model": model, "messages": [{"role": "user", "content": text}]})
+        return response, response.json()["input_tokens"]
+    response = httpx.post(f"{gateway.url}/v1beta/models/{model}:countTokens", timeout=20,
+                          headers={"x-goog-api-key": key},
+                          json={"contents": [{"role": "user", "parts": [{"text": text}]}]})
+    return response, response.json()["totalTokens"]
 
 
 def _chat(gateway, key, model, text, stream, tool, thinking, max_tokens) -> Answer:

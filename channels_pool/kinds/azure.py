@@ -53,6 +53,9 @@ class AzureKind(ChannelKind):
     def embedding_grammar(self, model: str) -> EmbeddingGrammar:
         return EmbeddingGrammar.OPENAI
 
+    def serves(self, operation: Operation) -> bool:
+        return operation is not Operation.COUNT  # Azure OpenAI has no counting endpoint
+
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         version = quote(channel.api_version or DEFAULT_API_VERSION, safe="")
         deployment = quote(call.model, safe="")

@@ -33,6 +33,10 @@ class Operation(enum.StrEnum):
     CACHE = "cache"  # Gemini cachedContents (a whole JSON answer)
     CONVERSE = "converse"  # Bedrock ConverseStream
     EMBED = "embed"  # embeddings (a whole JSON answer), in the grammar ``ChannelKind.embedding_grammar`` names
+    # A prompt's tokens, counted by the vendor (a whole JSON answer): the body
+    # is the generation's, in the channel's grammar; the answer is that
+    # grammar's count (``input_tokens``, ``totalTokens``, ``inputTokens``).
+    COUNT = "count"
 
 
 @dataclass

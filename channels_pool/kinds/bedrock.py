@@ -20,6 +20,7 @@ Credentials, from the channel's secret:
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -76,6 +77,14 @@ def with_input_tokens(body: bytes, headers: httpx.Headers) -> bytes:
     head = body.rstrip()[:-1].rstrip()
     separator = b"" if head.endswith(b"{") else b","
     return head + separator + b'"' + INPUT_TOKENS_FIELD.encode() + b'":' + count.encode() + b"}"
+
+
+def anthropic_count(body: bytes, headers: httpx.Headers) -> bytes:
+    """CountTokens' answer for an Anthropic model, as Anthropic's counting endpoint writes it."""
+    try:
+        return orjson.dumps({"input_tokens": orjson.loads(body)["inputTokens"]})
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body  # read as it is, and found wanting there
 
 
 def key_pair(secret: str) -> ReadOnlyCredentials | None:
@@ -141,6 +150,12 @@ class BedrockKind(ChannelKind):
             # One JSON body, read whole: no event stream to split.
             url, content, splitter = f"{base(channel)}/model/{model}/invoke", call.content, EventSplitter
             accept, answer = "application/json", with_input_tokens
+        elif call.operation is Operation.COUNT:
+            # CountTokens takes a foundation model's own id, not a cross-region profile's.
+            counted = quote(call.model[call.model.find("anthropic."):] if is_anthropic(call.model) else call.model, safe="")
+            url, content, splitter = f"{base(channel)}/model/{counted}/count-tokens", self._count_body(call), EventSplitter
+            accept = "application/json"
+            answer = anthropic_count if is_anthropic(call.model) else None
         else:
             raise unsupported(self, call)
         headers = {"content-type": "application/json", "accept": accept}
@@ -158,6 +173,18 @@ class BedrockKind(ChannelKind):
         else:
             headers["authorization"] = f"Bearer {secret}"
         return request
+
+    def _count_body(self, call: Call) -> bytes:
+        """CountTokens takes the body the generation would send: an
+        InvokeModel body (a blob, so base64 in JSON) for Anthropic models,
+        else Converse's messages and system."""
+        if is_anthropic(call.model):
+            body = self._messages_body(call)
+            body.setdefault("max_tokens", 1)  # InvokeModel requires it; it changes no count
+            blob = base64.b64encode(orjson.dumps(body)).decode()
+            return orjson.dumps({"input": {"invokeModel": {"body": blob}}})
+        converse = {k: v for k, v in call.body.items() if k in ("messages", "system", "toolConfig")}
+        return orjson.dumps({"input": {"converse": converse}})
 
     @staticmethod
     def _messages_body(call: Call) -> dict[str, Any]:

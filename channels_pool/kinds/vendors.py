@@ -9,11 +9,23 @@ from __future__ import annotations
 from typing import ClassVar
 from urllib.parse import quote
 
+import orjson
+
 from channels_pool.kinds.base import Call, ChannelConfig, ChannelKind, ConfigError, Operation, UpstreamRequest, base
 from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
 # The Messages API version HopBase speaks when a client names none.
 ANTHROPIC_VERSION = "2023-06-01"
+# What Anthropic's counting endpoint takes of a Messages body (it refuses the rest).
+ANTHROPIC_COUNTED_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
+
+
+def anthropic_counted(body: dict, model: str | None = None) -> bytes:
+    """A Messages body as a counting endpoint takes it."""
+    counted = {name: body[name] for name in ANTHROPIC_COUNTED_FIELDS if name in body}
+    if model is not None:
+        counted["model"] = model
+    return orjson.dumps(counted)
 
 
 def stream_headers(call: Call) -> dict[str, str]:
@@ -41,6 +53,9 @@ class OpenAIKind(ChannelKind):
     def embedding_grammar(self, model: str) -> EmbeddingGrammar:
         return EmbeddingGrammar.OPENAI
 
+    def serves(self, operation: Operation) -> bool:
+        return operation is not Operation.COUNT  # OpenAI has no counting endpoint
+
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         path = self.PATHS.get(call.operation)
         if path is None:
@@ -57,12 +72,16 @@ class AnthropicKind(ChannelKind):
         return WireProtocol.ANTHROPIC
 
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
-        if call.operation is not Operation.MESSAGES:
+        if call.operation is Operation.MESSAGES:
+            url, headers, content = base(channel) + "/v1/messages", stream_headers(call), call.content
+        elif call.operation is Operation.COUNT:
+            url, headers = base(channel) + "/v1/messages/count_tokens", json_headers(call)
+            content = anthropic_counted(call.body)
+        else:
             raise unsupported(self, call)
-        headers = stream_headers(call)
         headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
         headers["x-api-key"] = channel.secret
-        return UpstreamRequest(base(channel) + "/v1/messages", headers, call.content)
+        return UpstreamRequest(url, headers, content)
 
 
 class GeminiKind(ChannelKind):
@@ -87,6 +106,13 @@ class GeminiKind(ChannelKind):
         elif call.operation is Operation.EMBED:
             url = f"{base(channel)}/{version}/models/{quote(call.model, safe='')}:batchEmbedContents"
             headers = json_headers(call)
+        elif call.operation is Operation.COUNT:
+            url = f"{base(channel)}/{version}/models/{quote(call.model, safe='')}:countTokens"
+            headers = json_headers(call)
+            body = {k: v for k, v in call.body.items() if k != "model"}
+            content = orjson.dumps({"generateContentRequest": {"model": f"models/{call.model}", **body}})
+            headers["x-goog-api-key"] = channel.secret
+            return UpstreamRequest(url, headers, content)
         else:
             raise unsupported(self, call)
         headers["x-goog-api-key"] = channel.secret

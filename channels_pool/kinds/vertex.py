@@ -38,7 +38,7 @@ from channels_pool.kinds.base import (
     base,
 )
 from channels_pool.kinds.refresh import Refreshed
-from channels_pool.kinds.vendors import json_headers, stream_headers, unsupported
+from channels_pool.kinds.vendors import anthropic_counted, json_headers, stream_headers, unsupported
 from core.errors import UpstreamFailure
 from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
 
@@ -49,6 +49,8 @@ ASSERTION_LIFETIME = 3600
 # A token is renewed this long before the expiry its exchange gave.
 EXPIRY_MARGIN = 60.0
 EXCHANGE_TIMEOUT = 10.0
+# What Vertex's countTokens takes of a generateContent body.
+VERTEX_COUNTED_FIELDS = ("contents", "systemInstruction", "tools", "generationConfig")
 KEY_FIELDS = ("client_email", "private_key", "token_uri")
 
 
@@ -127,7 +129,7 @@ class VertexKind(ChannelKind):
         return None if model.startswith("claude") else EmbeddingGrammar.VERTEX
 
     def serves(self, operation: Operation) -> bool:
-        return operation in (Operation.GENERATE, Operation.MESSAGES, Operation.EMBED)
+        return operation in (Operation.GENERATE, Operation.MESSAGES, Operation.EMBED, Operation.COUNT)
 
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         model = quote(call.model, safe="")
@@ -138,6 +140,12 @@ class VertexKind(ChannelKind):
         elif call.operation is Operation.EMBED:
             url = f"{publisher}/google/models/{model}:predict"
             content = call.content
+        elif call.operation is Operation.COUNT and self.grammar(call.model) is WireProtocol.GEMINI:
+            url = f"{publisher}/google/models/{model}:countTokens"
+            content = orjson.dumps({k: v for k, v in call.body.items() if k in VERTEX_COUNTED_FIELDS})
+        elif call.operation is Operation.COUNT:
+            # Claude's counting on Vertex is one endpoint for every model, named in the body.
+            url, content = f"{publisher}/anthropic/models/count-tokens:rawPredict", anthropic_counted(call.body, call.model)
         elif call.operation is Operation.MESSAGES:
             url = f"{publisher}/anthropic/models/{model}:streamRawPredict"
             body = {k: v for k, v in call.body.items() if k != "model"}
@@ -152,7 +160,7 @@ class VertexKind(ChannelKind):
             source.http = http
             request.headers["authorization"] = f"Bearer {await source.tokens.get()}"
 
-        headers = json_headers(call) if call.operation is Operation.EMBED else stream_headers(call)
+        headers = json_headers(call) if call.operation in (Operation.EMBED, Operation.COUNT) else stream_headers(call)
         headers.pop("anthropic-version", None)  # the body names Vertex's own
         return UpstreamRequest(url, headers, content, authorize=authorize)
 

@@ -16,7 +16,9 @@ vendors' own:
   any model; ``/invoke`` and ``/invoke-with-response-stream`` for Anthropic
   models (an id containing ``anthropic.``: the Messages body with
   ``anthropic_version: "bedrock-2023-05-31"``, no ``model``, no ``stream``)
-  and, ``/invoke`` only, Titan and Cohere embedding models. Requests are
+  and, ``/invoke`` only, Titan and Cohere embedding models; ``/count-tokens``
+  for any model (``{"inputTokens": …}``, the words of the InvokeModel body
+  or the Converse messages it is given). Requests are
   SigV4-checked (``cloud_auth``). ``[sim exception_after=N exception=…]`` and
   ``[sim bad_crc_after=N]`` fail a stream at token N; ``status=N`` (with
   ``reason=SomeException`` to name it) fails the request in Bedrock's shape.
@@ -33,7 +35,9 @@ vendors' own:
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import re
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -58,7 +62,7 @@ from channels_pool.simulator.wire.converse import BAD_CRC, BedrockRenderer
 _AZURE_DEPLOYMENT = re.compile(r"/openai/deployments/([^/]+)/(chat/completions|embeddings)")
 _AZURE_BY_BODY = {"/openai/v1/responses": "azure-responses", "/openai/responses": "azure-responses",
                   "/openai/v1/chat/completions": "azure-chat"}
-_BEDROCK = re.compile(r"/model/(.+)/(invoke|invoke-with-response-stream|converse|converse-stream)")
+_BEDROCK = re.compile(r"/model/(.+)/(invoke|invoke-with-response-stream|converse|converse-stream|count-tokens)")
 _VERTEX = re.compile(
     r"/(v1|v1beta1)/projects/[^/]+/locations/[^/]+/publishers/(google|anthropic)/models/([^/:]+):(\w+)")
 _VERTEX_OPERATIONS = {"google": ("generateContent", "streamGenerateContent", "countTokens", "predict"),
@@ -90,6 +94,9 @@ def cloud_call(path: str) -> CloudCall | None:
     if match := _BEDROCK.fullmatch(path):
         model, operation = match.groups()
         stream = operation.endswith("stream")
+        if operation == "count-tokens":
+            grammar = "bedrock-anthropic" if "anthropic." in model else "bedrock-converse"
+            return CloudCall("bedrock", grammar, model, operation=operation)
         if operation.startswith("converse"):
             return CloudCall("bedrock", "bedrock-converse", model, stream, operation=operation)
         kind = embeddings.TITAN if "titan-embed" in model else embeddings.COHERE if "cohere.embed" in model else None
@@ -106,6 +113,17 @@ def cloud_call(path: str) -> CloudCall | None:
             return CloudCall("vertex", "vertex-gemini", model, stream, embeddings=kind, operation=operation)
         return CloudCall("vertex", "vertex-anthropic", model, operation == "streamRawPredict", operation=operation)
     return None
+
+
+def counted_input(body: dict[str, Any]) -> dict[str, Any]:
+    """Bedrock CountTokens' input: an InvokeModel body (a blob: base64 in JSON) or Converse's messages and system."""
+    given = body.get("input") if isinstance(body.get("input"), dict) else {}
+    invoke = given.get("invokeModel")
+    if isinstance(invoke, dict) and isinstance(invoke.get("body"), str):
+        with contextlib.suppress(ValueError):
+            inner = json.loads(base64.b64decode(invoke["body"], validate=True))
+            return inner if isinstance(inner, dict) else {}
+    return given.get("converse") if isinstance(given.get("converse"), dict) else {}
 
 
 class CloudEndpoints:
@@ -146,6 +164,8 @@ class CloudEndpoints:
         body: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
         if call.embeddings:
             texts = embeddings.embedding_texts(call.embeddings, body)
+        elif call.operation == "count-tokens":
+            texts = prompt_texts(call.protocol, counted_input(body))
         else:
             texts = prompt_texts(call.protocol, body)
         refused: AuthRefused | None = None
@@ -161,6 +181,9 @@ class CloudEndpoints:
         record.directives, record.tag, record.model, record.stream = raw, d.tag, model, stream
         if refused is not None:
             return await self._json(conn, request, refused.status, refused.body, record, refused.headers)
+        if call.operation == "count-tokens":
+            record.completed = True
+            return await self._json(conn, request, 200, {"inputTokens": count_words(texts)}, record)
         if (call.cloud == "vertex" and model == "count-tokens") or call.operation == "countTokens":
             return await self._count(conn, request, record, model if call.operation == "countTokens" else None)
 
