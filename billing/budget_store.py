@@ -20,9 +20,11 @@ together never reserve past a limit.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
+from typing import Any
 
 from django.conf import settings
 
@@ -323,8 +325,11 @@ def reserved_usd(budget_id: int, window: Window) -> Decimal:
     if not settings.REDIS_URL:
         return Decimal(0)
     line = Line(budget_id, window, 0)
-    client = sync_redis(settings.REDIS_URL, REDIS_TIMEOUT * 10)
-    try:
-        return from_units(int(client.eval(READ_RESERVED, 2, line.book, line.leases)))
-    finally:
-        client.close()
+    return from_units(int(_reader(settings.REDIS_URL).eval(READ_RESERVED, 2, line.book, line.leases)))
+
+
+@functools.cache
+def _reader(url: str) -> Any:
+    """One blocking client per Redis URL, its pool shared by the threads
+    that read standings (a page lists many budgets: one connection, not one each)."""
+    return sync_redis(url, REDIS_TIMEOUT * 10)
