@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+from bench.servers import PAIRS
 from bench.targets import ROUNDS
 
 
@@ -106,6 +107,36 @@ def embedding_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
     return rows
 
 
+def server_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
+    """Issue 31's targets: HopBase on each server against that server's floor."""
+    rows = []
+    whole, paced, serial = found["whole"], found["paced"], found["serial"]
+    goals = {"uvicorn": ("≤ 2× floor", "≤ 1.3× floor", "≤ 1.5× floor's"),
+             "daphne": ("≤ 2× floor", "≤ 1.4× floor", "—")}
+    for server, hopbase, floor in PAIRS:
+        what = "serve --workers 1" if server == "uvicorn" else "plain daphne"
+        rows.append((f"{server}: CPU per whole answer (16 tokens), {what}",
+                     f"{per(whole[floor]) * 1e3:.2f} ms (bare relay on {server})",
+                     f"{per(whole[hopbase]) * 1e3:.2f} ms", ratio(whole[hopbase], whole[floor]), goals[server][0]))
+        if server == "uvicorn":
+            rows.append(("  against HopBase under plain daphne in the same rounds",
+                         f"{per(whole['gateway']) * 1e3:.2f} ms (plain daphne)",
+                         f"{per(whole[hopbase]) * 1e3:.2f} ms", ratio(whole[hopbase], whole["gateway"]),
+                         "≤ 0.8× daphne's"))
+        rows.append((f"{server}: CPU per paced stream (200 events, each its own read), {what}",
+                     f"{per(paced[floor]) * 1e3:.2f} ms (bare relay on {server})",
+                     f"{per(paced[hopbase]) * 1e3:.2f} ms", ratio(paced[hopbase], paced[floor]), goals[server][1]))
+        direct = serial["direct"].latency
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            base = percentile(direct, q)
+            f_add = percentile(serial[floor].latency, q) - base
+            h_add = percentile(serial[hopbase].latency, q) - base
+            rows.append((f"{server}: added latency, non-stream, C=1, {name}",
+                         f"+{f_add * 1e3:.2f} ms (bare relay; direct {base * 1e3:.2f} ms)", f"+{h_add * 1e3:.2f} ms",
+                         f"{h_add / max(f_add, 1e-6):.2f}×", goals[server][2]))
+    return rows
+
+
 def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) -> str:
     """One table: each target of issue 13, its floor, today's figure, the ratio."""
     rows: list[tuple[str, str, str, str, str]] = []
@@ -152,13 +183,13 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
     rows.append((f"CPU per request, serve --workers 2 (summed; CPU split {spread} %)",
                  f"{alone * 1e3:.2f} ms (serve --workers 1)", f"{two * 1e3:.2f} ms",
                  ratio(served["serve"], served["serve1"]), "≤ 1.10×"))
-    rows.append(("  serve --workers 1 (Daphne on uvloop, multiprocess metrics) against the one gateway process (Daphne's own loop)",
+    rows.append(("  serve --workers 1 (uvicorn, multiprocess metrics) against the one gateway process (plain daphne)",
                  f"{daphne_alone * 1e3:.2f} ms (gateway)", f"{alone * 1e3:.2f} ms",
                  ratio(served["serve1"], served["gateway"]), "—"))
-    floor_alone, floor_two = per(served["floor"]), per(served["floor2"])
-    rows.append(("  the bare relay the same way, in two processes on serve's sockets (what scaling out costs the stack)",
+    floor_alone, floor_two = per(served["floor-uvicorn"]), per(served["floor2"])
+    rows.append(("  the bare relay on uvicorn the same way, in two processes on serve's sockets (what scaling out costs the stack)",
                  f"{floor_alone * 1e3:.2f} ms (one process)", f"{floor_two * 1e3:.2f} ms",
-                 ratio(served["floor2"], served["floor"]), "—"))
+                 ratio(served["floor2"], served["floor-uvicorn"]), "—"))
     rows.append(("  serve's ratio over the bare relay's (what scaling out costs HopBase itself)", "—", "—",
                  f"{(two / alone) / (floor_two / floor_alone):.2f}×", "≤ 1.10×"))
     for label, key, attr in (("added latency, non-stream, C=1, p50", "whole_serial", "latency"),
@@ -168,12 +199,14 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
                      added(g - d, f - d), "≤ +1 ms"))
         if key == "whole_serial":
             rows.append(raw_latency_row(res["whole_raw"]))
+    if "servers" in tgt:
+        rows += server_rows(tgt["servers"])
     if "open" in tgt:
         o = tgt["open"]
         rows.append((f"{o['count']} streams opened at once over serve --workers 2: connections established", "—",
                      f"{o['connected']} in {o['connect_seconds']:.1f} s", "—", "all within 5 s"))
         rows.append(("  streams with their first token", "—", f"{o['opened']} in {o['open_seconds']:.1f} s", "—",
-                     "all"))
+                     "all within 5 s"))
         rows.append(("  their RSS, both processes", f"{o['rss_before_mb']:.0f} MB idle", f"{o['rss_mb']:.0f} MB",
                      f"{(o['rss_mb'] - o['rss_before_mb']) * 1024 / max(o['opened'], 1):.1f} KB/stream", "< 1024 MB"))
         rows.append(("  upstream requests cancelled when they closed", "—", f"{o['cancelled']}/{o['upstream']}", "—",

@@ -19,8 +19,10 @@ developer's ``db.sqlite3`` is never touched), runs ``manage.py migrate`` and
   other setting at its default.
 
 It also starts the floor, ``daphne … bench.floor:application`` (a bare relay:
-Daphne + httpx over aiohttp, forwarding to the simulator), and ``manage.py
-serve --workers 2`` on the same database. Then it measures:
+Daphne + httpx over aiohttp, forwarding to the simulator), the same floor on
+uvicorn (``python -m bench.floor_uvicorn``: uvloop, httptools, as ``serve``
+runs HopBase), and ``manage.py serve --workers 2`` and ``--workers 1``
+(uvicorn) on the same database. Then it measures:
 
 1. one call at a time, gateway, floor and direct calls interleaved: added
    latency of a non-stream Chat request and added time to first token of a
@@ -38,10 +40,9 @@ serve --workers 2`` on the same database. Then it measures:
    channel's stream where the floor relays one body), all six in the same
    alternating rounds of C concurrent keep-alive calls, one at a time so
    each process's CPU is its own; then one gateway process against both
-   ``serve`` workers summed and against ``serve --workers 1`` (the same
-   server in one process: its workers run Daphne on uvloop, the gateway on
-   Daphne's own loop), 50 tokens, the same way, in the same rounds as
-   the floor in one process against the floor in two (``daphne --fd`` on
+   ``serve`` workers summed and against ``serve --workers 1`` (uvicorn in
+   one process), 50 tokens, the same way, in the same rounds as the floor
+   on uvicorn in one process against the same in two (``--fd`` on
    sockets made as ``serve`` makes its workers'): on two cores shared with
    the client and the simulator, splitting a load over two event loops
    costs any stack something per request; and, with no gateway
@@ -67,7 +68,13 @@ serve --workers 2`` on the same database. Then it measures:
 7. CPU per non-stream request of a key with two budgets (its own and its
    tenant's) and a TPM limit against the demo key, which has none: what
    admission under spend governance adds (in-process stores: no REDIS_URL);
-8. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
+8. issue 31, HopBase on each server against that server's floor in the
+   same rounds (bench/servers.py): ``serve --workers 1`` (uvicorn) against
+   the floor on uvicorn and plain ``daphne`` against the floor under
+   Daphne, CPU per whole answer of 16 tokens (and ``serve`` against plain
+   ``daphne``), CPU per paced stream of 200 events 1 ms apart (each a read
+   of its own, 16 at once), and the latency each adds at C=1, p50 and p99;
+9. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
    once, how many of the upstream requests the simulator saw hung up on.
@@ -88,7 +95,8 @@ and the goal. The machine is shared and noisy: compare ratios within a run.
 
 The pieces: ``bench/processes.py`` (the child processes, /proc readings,
 py-spy), ``bench/measure.py`` (latency), ``bench/targets.py`` (CPU and open
-streams), ``bench/floor.py`` (the bare relay) and ``bench/report.py`` (the table).
+streams), ``bench/servers.py`` (issue 31's, per server), ``bench/floor.py`` (the bare relay),
+``bench/floor_uvicorn.py`` (it on uvicorn) and ``bench/report.py`` (the table).
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ import httpx
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
 from bench.processes import Child, Profiler, free_port, gateway_env, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
+from bench.servers import measure_servers
 from bench.targets import (
     CLOUD_STREAM,
     GEMINI_LEGS,
@@ -210,19 +219,25 @@ def main() -> int:
                       "bench.floor:application"]
         children.append(Child("floor", floor_args, {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp))
         children[-1].wait_ready(f"http://127.0.0.1:{floor_port}/_sim/health")
-        # The bare relay over two processes, on sockets made as serve makes
-        # its workers': what scaling out costs the stack itself.
+        # The bare relay on uvicorn, as serve runs HopBase (issue 31).
+        floor_uv_port = free_port()
+        floor_uv_args = [sys.executable, "-m", "bench.floor_uvicorn", "--port", str(floor_uv_port)]
+        children.append(Child("floor-uvicorn", floor_uv_args, {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp))
+        children[-1].wait_ready(f"http://127.0.0.1:{floor_uv_port}/_sim/health")
+        floor_uv_process = children[-1]
+        # The bare relay on uvicorn over two processes, on sockets made as
+        # serve makes its workers': what scaling out costs the stack itself.
         floor2_port = free_port()
         floor2_pids = []
         for number, listener in enumerate(listening_sockets("127.0.0.1", floor2_port, 2)):
             fd = listener.fileno()
-            children.append(Child(f"floor2-{number}", [*daphne, "-v", "0", "--fd", str(fd), "bench.floor:application"],
+            children.append(Child(f"floor2-{number}", [sys.executable, "-m", "bench.floor_uvicorn", "--fd", str(fd)],
                                   {**env, "BENCH_FLOOR_UPSTREAM": sim_url}, tmp, pass_fds=(fd,)))
             listener.close()
             floor2_pids.append(children[-1].pid)
         children[-1].wait_ready(f"http://127.0.0.1:{floor2_port}/_sim/health")
-        # serve with one worker: the one process that two are held against
-        # (the same server, on uvloop, where the gateway above is Daphne's own loop).
+        # serve with one worker (uvicorn): the one process that two are held
+        # against, and HopBase on uvicorn against its floor.
         serve1_args, serve1_url = start_serve(children, "serve1", 1, env, tmp)
         serve_args, serve_url = start_serve(children, "serve", 2, env, tmp)
         floor_url = f"http://127.0.0.1:{floor_port}"
@@ -241,7 +256,8 @@ def main() -> int:
             "env:       " + " ".join(f"{k}={v}" for k, v in sorted(shown_env.items())) + " (REDIS_URL unset)",
             "gateway:   " + shlex.join([Path(gw_args[0]).name, *gw_args[1:]]),
             "floor:     " + shlex.join([Path(floor_args[0]).name, *floor_args[1:]]) + " (bench/floor.py)",
-            "floor2:    two of daphne -v 0 --fd N bench.floor:application, on SO_REUSEPORT sockets as serve's",
+            "floor-uv:  " + shlex.join(["python", *floor_uv_args[1:]]) + " (bench/floor.py on uvicorn, uvloop, httptools)",
+            "floor2:    two of python -m bench.floor_uvicorn --fd N, on SO_REUSEPORT sockets as serve's",
             "serve:     " + shlex.join(["python", *serve_args[1:]]),
             "serve1:    " + shlex.join(["python", *serve1_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
@@ -263,17 +279,20 @@ def main() -> int:
         served1 = Target("serve1", serve1_url, chat_headers, {})
         governed = Target("governed", gw_url, {**chat_headers, "authorization": f"Bearer {governed_key}"}, {})
         floor2 = Target("floor2", f"http://127.0.0.1:{floor2_port}", sim_headers, {})
+        floor_uv = Target("floor-uvicorn", f"http://127.0.0.1:{floor_uv_port}", sim_headers, {})
         pids = {"gateway": gw.pid, "simulator": sim.pid, "client": os.getpid()}
         cpu_pids = {"gateway": [gw.pid], "floor": [floor_process.pid], "serve": workers, "serve1": serve1_workers,
-                    "floor2": floor2_pids, "governed": [gw.pid]}
+                    "floor2": floor2_pids, "governed": [gw.pid], "floor-uvicorn": [floor_uv_process.pid]}
 
         started = time.monotonic()
         results = asyncio.run(measure(args, gateway, floor, direct, sim_url, pids))
         profiler = Profiler(args.py_spy, gw.pid, tmp / "gateway-py-spy.txt") if args.py_spy else None
         if profiler is not None:
             profilers.append(profiler)
-        targets = asyncio.run(measure_targets(args, gateway, floor, served, served1, floor2, direct, sim_url, cpu_pids,
-                                              TRANSLATED_MODEL, governed))
+        targets = asyncio.run(measure_targets(args, gateway, floor, served, served1, floor_uv, floor2, direct, sim_url,
+                                              cpu_pids, TRANSLATED_MODEL, governed))
+        on_each = {t.name: t for t in (served1, floor_uv, gateway, floor)}
+        targets["servers"] = asyncio.run(measure_servers(args, on_each, direct, sim_url, cpu_pids))
         if profiler is not None:
             profiler.stop()
         settings.append(f"duration:  {time.monotonic() - started:.1f} s of measuring")

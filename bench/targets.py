@@ -333,9 +333,12 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
     return result
 
 
-async def measure_targets(args, gateway: Target, floor: Target, served: Target, served1: Target, floor2: Target,
-                          direct: Target, sim_url: str, pids: dict[str, list[int]], translated_model: str,
-                          governed: Target) -> dict:
+async def measure_targets(args, gateway: Target, floor: Target, served: Target, served1: Target, floor1: Target,
+                          floor2: Target, direct: Target, sim_url: str, pids: dict[str, list[int]],
+                          translated_model: str, governed: Target) -> dict:
+    """Issue 13's and after: ``floor`` is the bare relay under Daphne (as the
+    gateway), ``floor1`` and ``floor2`` the bare relay on serve's server in
+    one process and in two."""
     out: dict = {}
     c = args.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
@@ -366,7 +369,7 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
             return one
 
         whole = {tokens: chat_body(f"Say hello. [sim tokens={tokens}]", stream=False) for tokens in WHOLE_ANSWERS}
-        for target in (floor, gateway, served, served1):  # warm-up
+        for target in (floor, gateway, served, served1, floor1, floor2):  # warm-up
             await interleaved([target], 20, c, one_whole_of(whole[50]))
         # Every answer size, floor and gateway, in the same alternating
         # rounds: each ratio is taken over the same stretch of the machine's
@@ -378,7 +381,7 @@ async def measure_targets(args, gateway: Target, floor: Target, served: Target, 
         out["whole"] = await cpu_rounds(targets, leg_pids, args.requests, c, one)
         await client.delete(sim_url + "/_sim/records")
         log("CPU per non-stream request: one gateway process, serve --workers 1 and 2; the floor in one process, in two")
-        out["serve"] = await cpu_rounds([gateway, served1, served, floor, floor2], pids, args.requests, c,
+        out["serve"] = await cpu_rounds([gateway, served1, served, floor1, floor2], pids, args.requests, c,
                                         one_whole_of(whole[50]))
         await client.delete(sim_url + "/_sim/records")
         log("CPU per non-stream request of one token: the demo key, a key with two budgets and a TPM limit")
