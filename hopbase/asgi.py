@@ -1,4 +1,5 @@
-"""The ASGI entry point Daphne serves.
+"""The ASGI entry point Daphne and uvicorn serve (plain ``daphne``, or
+``manage.py serve``'s workers: hopbase.serve_worker).
 
 Two Django handlers share one URL configuration:
 - the API paths (``/v1…``, ``/v1beta…``, ``/v1alpha…``, ``/healthz``) go to a
@@ -13,7 +14,7 @@ Two Django handlers share one URL configuration:
 The API handler is also where a request meets the process's life
 (hopbase.lifecycle, hopbase.admission): it is refused at once while the
 process drains or is full, and its work runs as a task of its own that
-Daphne's shutdown does not cut short (a graceful drain on SIGTERM). After
+the server's shutdown does not cut short (a graceful drain on SIGTERM). After
 its first request, the process's garbage collector is set for serving
 (hopbase.collector).
 """
@@ -195,10 +196,11 @@ class ApiHandler(ASGIHandler):
         Django's spooled temporary file only cost time. Past
         ``HOPBASE_MAX_BODY_BYTES`` the rest is read and dropped (the request
         is refused for its size, 413, by hopbase.intake), so this copy never
-        outgrows the limit. (Under Daphne a larger body never gets here:
-        hopbase.twisted_web refuses it while it is read and hands the
-        request on with no body and a Content-Length over the limit, which
-        hopbase.intake refuses; this bound stays, a second line.)"""
+        outgrows the limit. (A larger body never gets here: under Daphne
+        hopbase.twisted_web, under uvicorn hopbase.uvicorn_web refuses it
+        while it is read and hands the request on with no body and a
+        Content-Length over the limit, which hopbase.intake refuses; this
+        bound stays, a second line.)"""
         keep = settings.HOPBASE_MAX_BODY_BYTES + 1
         body = io.BytesIO()
         while True:
