@@ -112,6 +112,10 @@ class RequestLog(models.Model):
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="log_tenant_time"),
             models.Index(fields=["status", "-created_at"], name="log_status_time"),
+            # The console's filters (console.logs): a tenant's rows of one model or status, newest
+            # first, found without reading its other rows (a rare or absent model or status included).
+            models.Index(fields=["tenant", "model", "-created_at"], name="log_tenant_model_time"),
+            models.Index(fields=["tenant", "status", "-created_at"], name="log_tenant_status_time"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RequestStatus.values), name="log_status_known"),

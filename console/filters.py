@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from typing import TypeVar
+
+from django.db.models import Model, Q, QuerySet
+
+M = TypeVar("M", bound=Model)
 
 
 class FilterError(ValueError):
@@ -48,3 +53,15 @@ def cursor(query: Mapping[str, str]) -> tuple[dt.datetime, int] | None:
 
 def cursor_text(created_at: dt.datetime, pk: int) -> str:
     return f"{created_at.astimezone(dt.timezone.utc).isoformat()},{pk}"
+
+
+def after(rows: QuerySet[M], position: tuple[dt.datetime, int] | None) -> QuerySet[M]:
+    """The rows past a keyset position, newest first. The plain
+    ``created_at <=`` bound is redundant for the answer but lets the
+    database start its index scan there: with the OR alone it filters every
+    newer row, so a deep page cost what all the pages before it did."""
+    if position is None:
+        return rows
+    created_at, pk = position
+    older = Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=pk)
+    return rows.filter(created_at__lte=created_at).filter(older)

@@ -57,7 +57,8 @@ def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple
             tenant=tenant, email=email, role=role, token_hash=_hash(token), invited_by=by,
             expires_at=timezone.now() + timedelta(seconds=settings.HOPBASE_CONSOLE_INVITE_AGE),
         )
-        _audit(by, invitation, ADDITION, f"Invited {email} as {role}, until {invitation.expires_at:%Y-%m-%d %H:%M} UTC.")
+        _audit(by, invitation, ADDITION,
+               f"Invited {email} as {role}, until {invitation.expires_at:%Y-%m-%d %H:%M} UTC.")
     return invitation, token
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from django.db.models import Q
-
 from billing.exports import csv_lines, export_queryset, export_rows
 from billing.models import LedgerEntry
 from console import filters
@@ -40,10 +38,7 @@ def page(tenant: Tenant, query: Mapping[str, str], size: int = PAGE_SIZE) -> Sta
         entries = entries.filter(created_at__gte=since)
     if until is not None:
         entries = entries.filter(created_at__lt=until)
-    if position is not None:
-        created_at, pk = position
-        entries = entries.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=pk))
-    rows = list(entries.order_by("-created_at", "-id").values(*SHOWN)[: size + 1])
+    rows = list(filters.after(entries, position).order_by("-created_at", "-id").values(*SHOWN)[: size + 1])
     more = len(rows) > size
     rows = rows[:size]
     return StatementPage(rows, filters.cursor_text(rows[-1]["created_at"], rows[-1]["id"]) if more else None)
