@@ -4,7 +4,8 @@ model and by key.
 
 Every number is aggregated by the database on the (tenant, created_at)
 index, so the page costs the same few queries whatever the number of logs:
-one per chart, and budget_status's one per hundred budgets.
+one for the days and models, one for the keys, and budget_status's one per
+hundred budgets.
 """
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ def overview(tenant: Tenant, now: dt.datetime) -> Overview:
     logs = RequestLog.objects.filter(tenant=tenant, created_at__gte=start)
     totals = {"spend": Coalesce(Sum("charge_usd"), Decimal(0)), "tokens": Coalesce(Sum(TOKENS), 0)}
 
-    days = {row["day"]: row for row in logs.annotate(day=TruncDate("created_at")).values("day").annotate(**totals)}
+    # Days and models from one pass over the window's rows (a tenant has few
+    # models, so day x model stays small): each pass is most of the page's time.
+    days: dict[dt.date, dict] = {}
+    models: dict[str, dict] = {}
+    for row in logs.annotate(day=TruncDate("created_at")).values("day", "model").annotate(**totals):
+        for table, name in ((days, row["day"]), (models, row["model"] or "(none)")):
+            found = table.setdefault(name, {"spend": Decimal(0), "tokens": 0})
+            found["spend"] += row["spend"]
+            found["tokens"] += row["tokens"]
     by_day = [(str(day), days.get(day, {"spend": Decimal(0), "tokens": 0}))
               for day in (since + dt.timedelta(days=n) for n in range(DAYS))]
-    by_model = [(row["model"] or "(none)", row)
-                for row in logs.values("model").annotate(**totals).order_by("-spend", "model")[:TOP]]
+    by_model = sorted(models.items(), key=lambda item: (-item[1]["spend"], item[0]))[:TOP]
     by_key = [(key_label(row["api_key__prefix"], row["api_key__label"]), row)
               for row in logs.values("api_key__prefix", "api_key__label").annotate(**totals)
               .order_by("-spend", "api_key__prefix")[:TOP]]

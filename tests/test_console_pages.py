@@ -49,6 +49,22 @@ def test_the_overview_shows_balance_budgets_and_30_days_by_day_model_and_key(peo
     assert "their-model" not in page and "9.00" not in page
 
 
+def test_the_overview_sums_each_day_over_models_and_each_model_over_days(people):
+    from console.overview import overview
+
+    tenant = people.tenant_a
+    key, _ = make_key(tenant)
+    yesterday = NOW - dt.timedelta(days=1)
+    for model, when, charge, tokens in (("m-a", NOW, "1.5", 10), ("m-b", NOW, "0.25", 5),
+                                        ("m-b", yesterday, "2", 7), ("m-a", yesterday, "0.5", 1)):
+        make_log(tenant, key, model=model, created_at=when, charge_usd=Decimal(charge), input_tokens=tokens)
+    seen = overview(tenant, NOW)
+    days = {bar.label: (bar.spend, bar.tokens) for bar in seen.by_day}
+    assert days[str(NOW.date())] == (Decimal("1.75"), 15) and days[str(yesterday.date())] == (Decimal("2.5"), 8)
+    assert [(bar.label, bar.spend, bar.tokens, bar.percent) for bar in seen.by_model] == [
+        ("m-b", Decimal("2.25"), 12, 100), ("m-a", Decimal("2.0"), 11, 88)]
+
+
 def test_the_logs_page_shows_status_tokens_and_charge_and_never_the_channel(people):
     channel = make_channel(name="secret-upstream-channel")
     log = make_log(people.tenant_a, status="cancelled", channel=channel, output_tokens=77,
