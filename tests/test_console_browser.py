@@ -40,7 +40,8 @@ from tests.factories import make_channel, make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.skipif(bool(missing()), reason=missing() or "ok")
 
-PAGES = ("/console/", "/console/logs/", "/console/statement/", "/console/keys/", "/console/connect/")
+PAGES = ("/console/", "/console/logs/", "/console/statement/", "/console/keys/", "/console/connect/",
+         "/console/people/")
 
 
 @pytest.fixture
