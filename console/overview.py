@@ -4,8 +4,8 @@ model and by key.
 
 Every number is aggregated by the database on the (tenant, created_at)
 index, so the page costs the same few queries whatever the number of logs:
-one for the days and models, one for the keys, and budget_status's one per
-hundred budgets.
+one for the days and models, one for the keys (and one naming the top
+ten), and budget_status's one per hundred budgets.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce, TruncDate
 
 from billing.budget_status import Standing, standings
 from billing.models import Budget, RequestLog
-from hopbase.models import Tenant
+from hopbase.models import ApiKey, Tenant
 
 DAYS = 30
 TOP = 10  # models and keys shown; the rest are in the logs
@@ -62,9 +62,11 @@ def overview(tenant: Tenant, now: dt.datetime) -> Overview:
     by_day = [(str(day), days.get(day, {"spend": Decimal(0), "tokens": 0}))
               for day in (since + dt.timedelta(days=n) for n in range(DAYS))]
     by_model = sorted(models.items(), key=lambda item: (-item[1]["spend"], item[0]))[:TOP]
-    by_key = [(key_label(row["api_key__prefix"], row["api_key__label"]), row)
-              for row in logs.values("api_key__prefix", "api_key__label").annotate(**totals)
-              .order_by("-spend", "api_key__prefix")[:TOP]]
+    # Grouped by the key's id alone (no join over the window's rows), then named.
+    top_keys = list(logs.values("api_key_id").annotate(**totals).order_by("-spend", "api_key_id")[:TOP])
+    named = ApiKey.objects.filter(tenant=tenant, pk__in=[row["api_key_id"] for row in top_keys])
+    keys = {pk: (prefix, label) for pk, prefix, label in named.values_list("pk", "prefix", "label")}
+    by_key = [(key_label(*keys.get(row["api_key_id"], (None, None))), row) for row in top_keys]
     budgets = Budget.objects.filter(tenant=tenant).select_related("tenant", "api_key").order_by("api_key_id", "period")
     return Overview(tenant, since, list(standings(budgets, now)), bars(by_day), bars(by_model), bars(by_key))
 
