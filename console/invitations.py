@@ -49,7 +49,9 @@ def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple
         raise InvitationRefused(f"Email: {error.message}.") from None
     if role not in Role.values:
         raise InvitationRefused(f"Role: {role!r} is not one of {', '.join(Role.values)}.")
-    if get_user_model()._default_manager.filter(username=email).exists():
+    taken = get_user_model()._default_manager.filter(username=email).exclude(
+        is_active=False, is_staff=False, membership__isnull=True)  # one removed from a tenant may come back
+    if taken.exists():
         raise InvitationRefused(f"{email} already has an account.")
     token = secrets.token_urlsafe(32)
     with transaction.atomic():

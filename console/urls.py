@@ -18,6 +18,7 @@ urlpatterns = [
     path("connect/", views.connect, name="connect"),
     path("people/", views.people, name="people"),
     path("people/invitations/<int:invitation_id>/cancel/", views.invitation_cancel, name="invitation_cancel"),
+    path("people/<int:membership_id>/remove/", views.member_remove, name="member_remove"),
     path("invite/<str:token>/", views.invite_accept, name="invite"),
     path("password/forgot/", views.password_forgot, name="password_forgot"),
     path("reset/<str:uidb64>/<str:token>/", views.password_reset, name="password_reset"),

@@ -25,6 +25,7 @@ from console.access import console_login_required, owner_only
 from console.allowance import allowance as allowance_of
 from console.filters import FilterError
 from console.mail import configured as mail_configured
+from console.members import MemberError, remove_member
 from console.models import TenantMembership
 from console.overview import overview as overview_of
 from console.signin import SignInForm, sign_in
@@ -52,7 +53,8 @@ def logout_view(request: HttpRequest) -> HttpResponse:
 @require_GET
 @console_login_required
 def overview(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
-    return render(request, "console/overview.html", {"m": membership, "o": overview_of(membership.tenant, timezone.now())})
+    summary = overview_of(membership.tenant, timezone.now())
+    return render(request, "console/overview.html", {"m": membership, "o": summary})
 
 
 @require_GET
@@ -183,6 +185,23 @@ def invitation_cancel(request: HttpRequest, membership: TenantMembership, invita
     if invitation is None:
         raise Http404("No such invitation")
     messages.success(request, f"The invitation of {invitation.email} is cancelled: its link no longer works.")
+    return redirect("console:people")
+
+
+@require_POST
+@console_login_required
+def member_remove(request: HttpRequest, membership: TenantMembership, membership_id: int) -> HttpResponse:
+    owner_only(membership)
+    try:
+        removed = remove_member(membership, membership_id)
+    except MemberError as refused:
+        messages.error(request, f"Not removed: {refused.message}.")
+        return redirect("console:people")
+    if removed is None:
+        raise Http404("No such person")
+    if removed.pk == membership.pk:
+        return redirect("console:login")  # they removed themselves: signed out with it
+    messages.success(request, f"{removed.user.get_username()} is removed: they can no longer sign in.")
     return redirect("console:people")
 
 

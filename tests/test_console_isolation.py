@@ -70,7 +70,8 @@ def test_anonymous_visitors_are_sent_to_sign_in_from_every_page(world):
     for path in ("/console/", "/console/logs/", f"/console/logs/{log_b.request_id}/", "/console/statement/",
                  "/console/statement.csv", "/console/keys/", "/console/connect/", "/console/people/"):
         assert client.get(path)["Location"].startswith("/console/login/?next=")
-    for path in (f"/console/keys/{key_b.pk}/revoke/", f"/console/keys/{key_b.pk}/rotate/", "/console/people/"):
+    for path in (f"/console/keys/{key_b.pk}/revoke/", f"/console/keys/{key_b.pk}/rotate/", "/console/people/",
+                 f"/console/people/{_people.charlie.pk}/remove/"):
         assert client.post(path, {"grace": "0", "email": "x@example.com", "role": "owner"})["Location"].startswith(
             "/console/login/")
     assert ApiKey.objects.get(pk=key_b.pk).previous_hash is None

@@ -82,3 +82,49 @@ def test_the_database_allows_one_membership_per_user_and_known_roles_only():
     other = get_user_model().objects.create(username=email("eve"))
     with pytest.raises(IntegrityError), transaction.atomic():
         TenantMembership.objects.create(user=other, tenant=tenant, role="admin")
+
+
+# -- an owner removes people (console.members.remove_member) -------------------
+
+
+def test_an_owner_removes_a_member_who_is_signed_out_and_cannot_sign_in_again():
+    from django.contrib.admin.models import LogEntry
+
+    from tests.console_cast import cast, signed_in
+
+    people = cast()
+    bobs_session = signed_in(people.bob)
+    response = signed_in(people.alice).post(f"/console/people/{people.bob.pk}/remove/")
+    assert response.status_code == 302 and not TenantMembership.objects.filter(pk=people.bob.pk).exists()
+    bob = get_user_model().objects.get(pk=people.bob.user.pk)
+    assert not bob.is_active and bobs_session.get("/console/")["Location"].startswith("/console/login/")
+    entry = LogEntry.objects.get(object_id=str(bob.pk))
+    assert entry.user_id == people.alice.user.pk and "was member" in entry.change_message
+
+
+def test_the_last_owner_is_not_removed_and_a_member_cannot_remove_anyone():
+    from tests.console_cast import cast, signed_in
+
+    people = cast()
+    refused = signed_in(people.alice).post(f"/console/people/{people.alice.pk}/remove/", follow=True)
+    assert "the last owner cannot be removed" in refused.content.decode()
+    assert signed_in(people.bob).post(f"/console/people/{people.alice.pk}/remove/").status_code == 403
+    assert signed_in(people.alice).post(f"/console/people/{people.charlie.pk}/remove/").status_code == 404
+    assert TenantMembership.objects.filter(pk__in=[people.alice.pk, people.charlie.pk]).count() == 2
+
+
+def test_someone_removed_can_be_invited_back():
+    import re
+
+    from django.test import Client
+
+    from tests.console_cast import cast, signed_in
+
+    people = cast()
+    signed_in(people.alice).post(f"/console/people/{people.bob.pk}/remove/")
+    page = signed_in(people.alice).post("/console/people/", {"email": people.bob.user.email, "role": "owner"})
+    link = re.search(r"/console/invite/[A-Za-z0-9_-]+/", page.content.decode()).group(0)
+    new_password = "back again with a new passphrase"
+    assert Client().post(link, {"password": new_password, "password_again": new_password}).status_code == 302
+    back = TenantMembership.objects.get(user__username=people.bob.user.email)
+    assert back.role == "owner" and back.user.pk == people.bob.user.pk and back.user.is_active
