@@ -50,7 +50,7 @@ def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple
     if role not in Role.values:
         raise InvitationRefused(f"Role: {role!r} is not one of {', '.join(Role.values)}.")
     taken = get_user_model()._default_manager.filter(username=email).exclude(
-        is_active=False, is_staff=False, membership__isnull=True)  # one removed from a tenant may come back
+        is_active=False, is_staff=False, is_superuser=False, membership__isnull=True)  # one removed may come back
     if taken.exists():
         raise InvitationRefused(f"{email} already has an account.")
     token = secrets.token_urlsafe(32)

@@ -49,7 +49,7 @@ def add_member(tenant: Tenant, email: str, role: str, password: str) -> TenantMe
     User = get_user_model()
     # A person removed from a tenant keeps a user row (the audit trail names
     # it), inactive: invited again, they take it up anew.
-    removed = User._default_manager.filter(username=email, is_active=False, is_staff=False,
+    removed = User._default_manager.filter(username=email, is_active=False, is_staff=False, is_superuser=False,
                                            membership__isnull=True).first()
     user: AbstractBaseUser = removed or User(username=email, email=email, is_staff=False, is_superuser=False)
     user.is_active = True
