@@ -41,14 +41,10 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hopbase import lifecycle
+from hopbase.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
 
 log = logging.getLogger("hopbase.uvicorn_web")
 
-LINGER_SECONDS = 2.0  # as hopbase.twisted_web's
-PLAIN_TOO_LARGE = (
-    b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
-    b"content-length: 24\r\nconnection: close\r\n\r\nRequest body too large.\n"
-)
 httptools_impl.STATUS_LINE[529] = b"HTTP/1.1 529 Overloaded\r\n"
 
 
