@@ -21,6 +21,7 @@ together never reserve past a limit.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
@@ -62,6 +63,11 @@ class Line:
     @property
     def leases(self) -> str:
         return self.book + ":leases"
+
+    @property
+    def settled(self) -> str:
+        """The requests settled lately, so a settlement sent again adds nothing."""
+        return self.book + ":settled"
 
     def ttl(self, now: float) -> int:
         """Seconds the window's keys live; 0: for ever (``total``)."""
@@ -134,24 +140,36 @@ for i = 1, n do
 end
 return {0}
 """
-# KEYS: per line its book and its leases. ARGV: request, charge, then per
-# line: limit, threshold (-1: none). The reservation goes and the charge is
-# added to spend; per line {spent, threshold first crossed, first exhausted}.
+# KEYS: per line its book, its leases and its settled requests. ARGV:
+# request, charge, how long a settlement is remembered (ms), then per line:
+# limit, threshold (-1: none). The reservation goes and the charge is added
+# to spend, once: a request settled already (its answer lost on the way
+# back, and sent again) adds nothing. Per line {spent, threshold first
+# crossed, first exhausted}.
 SETTLE = """
-local rid, charge = ARGV[1], tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rid, charge, remember = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-for i = 1, #KEYS / 2 do
-  local book, leases = KEYS[2 * i - 1], KEYS[2 * i]
-  local limit, threshold = tonumber(ARGV[3 + 2 * (i - 1)]), tonumber(ARGV[4 + 2 * (i - 1)])
+for i = 1, #KEYS / 3 do
+  local book, leases, settled = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local limit, threshold = tonumber(ARGV[4 + 2 * (i - 1)]), tonumber(ARGV[5 + 2 * (i - 1)])
   local held = redis.call('HGET', book, 'r:' .. rid)
   if held then
     redis.call('HINCRBY', book, 'reserved', -tonumber(held))
     redis.call('HDEL', book, 'r:' .. rid)
   end
   redis.call('ZREM', leases, rid)
+  local again = redis.call('ZADD', settled, 'NX', now, rid) == 0
+  redis.call('ZREMRANGEBYSCORE', settled, '-inf', now - remember)
+  redis.call('PEXPIRE', settled, remember)
   local spent = 0
   if redis.call('HEXISTS', book, 'spent') == 1 then
-    spent = redis.call('HINCRBY', book, 'spent', charge)
+    if again then
+      spent = tonumber(redis.call('HGET', book, 'spent'))
+    else
+      spent = redis.call('HINCRBY', book, 'spent', charge)
+    end
   end
   local crossed, exhausted = 0, 0
   if threshold >= 0 and spent >= threshold then
@@ -191,6 +209,10 @@ def lease_ms() -> int:
     return int(settings.HOPBASE_RESERVATION_LEASE * 1000)
 
 
+# How long a settled request is remembered, so that one sent again (its
+# answer lost) is not counted twice: longer than the settler's retries.
+SETTLED_MEMORY_MS = 3_600_000
+log = logging.getLogger("hopbase.budgets")
 # A budget fails closed (no answer, no admission): its calls get longer than
 # the limits' fail-open 0.1 s before a busy Redis is taken for a dead one.
 STORE_TIMEOUT = 1.0
@@ -222,15 +244,24 @@ class RedisBudgetStore:
         transaction: each script is atomic on its own)."""
         pipe = self._clients.client().pipeline(transaction=False)
         for lines, request_id, charge in charges:
-            keys = [name for line in lines for name in (line.book, line.leases)]
-            args: list[object] = [request_id, charge]
+            keys = [name for line in lines for name in (line.book, line.leases, line.settled)]
+            args: list[object] = [request_id, charge, SETTLED_MEMORY_MS]
             for line in lines:
                 args += [line.limit, -1 if line.threshold is None else line.threshold]
             pipe.eval(SETTLE, len(keys), *keys, *args)
-        answers = await pipe.execute()
-        return [[Settled(line, int(spent), bool(int(crossed)), bool(int(exhausted)))
-                 for line, (spent, crossed, exhausted) in zip(lines, found, strict=True)]
-                for (lines, _, _), found in zip(charges, answers, strict=True)]
+        # A connection lost or a reply late raises, and the batch is sent
+        # again (each request adds its charge once); one script's own error
+        # (a key of the wrong type, say) is that charge's alone.
+        answers = await pipe.execute(raise_on_error=False)
+        settled = []
+        for (lines, request_id, _), found in zip(charges, answers, strict=True):
+            if isinstance(found, Exception):
+                log.error("budgets: the charge of %s could not be settled: %s", request_id, found)
+                settled.append([])
+                continue
+            settled.append([Settled(line, int(spent), bool(int(crossed)), bool(int(exhausted)))
+                            for line, (spent, crossed, exhausted) in zip(lines, found, strict=True)])
+        return settled
 
     async def renew(self, lines: list[Line], request_ids: list[str]) -> None:
         if lines and request_ids:

@@ -248,6 +248,8 @@ class Spend:
 
     @staticmethod
     def _alert(hold: Hold, settled: list[Settled]) -> None:
+        if not settled:
+            return  # the store could not settle it (logged there)
         for budget, found in zip(hold.budgets, settled, strict=True):
             if budget.alert_at_pct is not None and found.threshold_crossed:
                 raise_alert(budget.id, AlertType.THRESHOLD, found.line.window, from_units(found.spent))

@@ -104,6 +104,17 @@ def test_a_charge_replaces_its_reservation_and_calls_for_each_alert_once(store):
     assert (third.spent, third.threshold_crossed, third.exhausted) == (100, False, False)
 
 
+def test_a_settlement_sent_again_adds_its_charge_once():
+    """Its answer lost on the way back (a timeout, a dropped connection), the
+    settler sends it again: Redis remembers the request and adds nothing."""
+    store = RedisBudgetStore(redis_or_skip())
+    budget = line(limit=100)
+    run(store.reserve([budget], "a", 10, {budget.budget_id: 0}))
+    assert run(store.settle([budget], "a", 30))[0].spent == 30
+    assert run(store.settle([budget], "a", 30))[0].spent == 30
+    assert run(store.settle([budget], "b", 5))[0].spent == 35
+
+
 def test_spend_reaching_the_limit_calls_for_exhaustion_once(store):
     budget = line(limit=100)
     run(store.reserve([budget], "a", 100, {budget.budget_id: 0}))

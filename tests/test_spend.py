@@ -248,3 +248,36 @@ def test_requests_ending_together_each_settle_their_charge_once(world, settings)
 
     # Each: (100 x 2 + 300 x 10) / 10^6 x 1.5 = 0.0048 USD.
     assert from_units(asyncio.run(scenario())) == 40 * Decimal("0.0048")
+
+
+def test_a_script_failing_in_a_batch_costs_only_its_own_charge_and_none_is_counted_twice(world, settings, monkeypatch):
+    """One settlement of a batch fails (its book is not a hash): the others
+    are added once each, Redis is not taken for down, and nothing is resent."""
+    if not settings.REDIS_URL:
+        pytest.skip("a batch of settlements is a Redis pipeline")
+    tenant, key, caller = world
+    other_key, _ = make_key(tenant)
+    other = Caller(key_id=other_key.pk, key_prefix=other_key.prefix, tenant_id=tenant.pk, tenant_name=tenant.name,
+                   allowed_models=frozenset(), rpm=None, concurrency=None, price_multiplier=tenant.price_multiplier)
+    Budget.objects.create(tenant=tenant, api_key=key, period="1d", limit_usd=Decimal("100"))
+    Budget.objects.create(tenant=tenant, api_key=other_key, period="1d", limit_usd=Decimal("100"))
+    monkeypatch.setattr(spend_module, "SETTLE_RETRY_SECONDS", 0.01)
+    store = RedisBudgetStore(settings.REDIS_URL)
+    r = redis_lib.Redis.from_url(settings.REDIS_URL)
+
+    async def scenario():
+        guard = Spend(store)
+        good = await guard.admit(caller, CHAT, chat(max_tokens=10), "good")
+        bad = await guard.admit(other, CHAT, chat(max_tokens=10), "bad")
+        book = good.lines[0].book
+        before = int(r.hget(book, "spent"))
+        r.delete(bad.lines[0].book)
+        r.set(bad.lines[0].book, "not a hash")  # one script of the batch fails (WRONGTYPE)
+        guard.ended(good, record(caller, RequestStatus.COMPLETED, 100, 300))
+        guard.ended(bad, record(other, RequestStatus.COMPLETED, 100, 300))
+        while guard._tasks:
+            await asyncio.gather(*guard._tasks)
+        return int(r.hget(book, "spent")) - before
+
+    assert from_units(asyncio.run(scenario())) == Decimal("0.0048")
+    assert redis_dependency.up
