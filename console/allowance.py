@@ -1,20 +1,23 @@
-"""What a tenant may give a key made in the console (K3): models, limits
-and budgets no looser than the operator allowed it.
+"""What a tenant may give a key made in the console (K3): models, limits,
+budgets and an expiry no looser than the operator allowed it.
 
 The operator allows a tenant through the keys they issue it, so the
-allowance is the envelope of the tenant's live keys: the models some enabled
+allowance is the envelope of the tenant's live keys that an operator issued
+(a key made here never counts: making keys cannot widen it, and an operator
+who narrows or revokes their keys narrows it): the models some enabled
 channel serves that one of them may use (a key allowing every model, an
 empty list, allows every served model); for RPM, TPM and concurrency the
 largest any of them has, with no ceiling once one has none; for a budget
-period, the largest budget of that period when every live key has one, and
-never more than the tenant's own budget of that period. A key made here
-stays inside the envelope, so making keys never widens it. With no live key
-at all, nothing bounds the tenant but its own budgets.
+period, the largest budget of that period when every one of them has one,
+and never more than the tenant's own budget of that period; and the latest
+of their expiries, unless one never expires. With no live key from the
+operator (all revoked or expired, or none issued) the tenant may make none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 
 from billing.models import Budget
@@ -27,7 +30,8 @@ RATE_LIMITS = ("rpm", "tpm", "concurrency")
 @dataclass(frozen=True)
 class Allowance:
     models: list[str]  # sorted
-    every_model: bool  # some live key of the tenant may use every served model
+    every_model: bool  # some live operator key of the tenant may use every served model
+    granted: bool = True  # False: no live key from the operator, so no key may be made
     rpm: int | None = None  # None: no ceiling
     tpm: int | None = None
     concurrency: int | None = None
@@ -35,6 +39,7 @@ class Allowance:
     # whether every key must have one (the operator bounded every key so).
     budget_ceilings: dict[str, Decimal] = field(default_factory=dict)
     budgets_required: frozenset[str] = frozenset()
+    expires_at: datetime | None = None  # the latest a key may live; None: no end
 
     def ceiling(self, name: str) -> int | None:
         return getattr(self, name)
@@ -44,9 +49,11 @@ def allowance(tenant: Tenant) -> Allowance:
     served: set[str] = set()
     for channel in Channel.objects.enabled().only("served_models"):
         served.update(channel.model_map())
-    live = list(ApiKey.objects.filter(tenant=tenant).active().unexpired()
-                .only("allowed_models", *RATE_LIMITS).prefetch_related("budgets"))
-    if not live or any(not key.allowed_models for key in live):
+    live = list(ApiKey.objects.filter(tenant=tenant).issued_by_operators().active().unexpired()
+                .only("allowed_models", "expires_at", *RATE_LIMITS).prefetch_related("budgets"))
+    if not live:
+        return Allowance([], every_model=False, granted=False)
+    if any(not key.allowed_models for key in live):
         models, every_model = sorted(served), True
     else:
         models, every_model = sorted(served & {m for key in live for m in key.allowed_models}), False
@@ -54,7 +61,10 @@ def allowance(tenant: Tenant) -> Allowance:
     required, ceilings = _budget_envelope(live)
     for budget in Budget.objects.filter(tenant=tenant, api_key__isnull=True):
         ceilings[budget.period] = min(ceilings.get(budget.period, budget.limit_usd), budget.limit_usd)
-    return Allowance(models, every_model, budget_ceilings=ceilings, budgets_required=required, **limits)
+    ends = [key.expires_at for key in live]
+    expires_at = None if None in ends else max(ends)
+    return Allowance(models, every_model, budget_ceilings=ceilings, budgets_required=required,
+                     expires_at=expires_at, **limits)
 
 
 def _loosest(values: list[int | None]) -> int | None:
@@ -64,8 +74,6 @@ def _loosest(values: list[int | None]) -> int | None:
 
 
 def _budget_envelope(live: list[ApiKey]) -> tuple[frozenset[str], dict[str, Decimal]]:
-    if not live:
-        return frozenset(), {}
     by_key = [{budget.period: budget.limit_usd for budget in key.budgets.all()} for key in live]
     shared = frozenset(set.intersection(*(set(periods) for periods in by_key)))
     return shared, {period: max(periods[period] for periods in by_key) for period in shared}

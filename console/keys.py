@@ -84,11 +84,15 @@ def create_key(membership: TenantMembership, asked: KeyRequest) -> tuple[ApiKey,
     if len(asked.label) > LABEL_MAX_LENGTH:
         raise KeyRefused(f"The name is longer than {LABEL_MAX_LENGTH} characters.")
     allowed = allowance(membership.tenant)
+    if not allowed.granted:
+        raise KeyRefused("This tenant has no live key from your operator, which new keys are made within: "
+                         "ask your operator for one.")
     models = _models_within(allowed, asked.models)
     limits = {name: _limit_within(allowed, name, value) for name, value in asked.limits.items()}
     budgets = _budgets_within(allowed, asked.budget)
     with transaction.atomic():
-        key, secret = ApiKey.objects.issue(membership.tenant, label=asked.label, allowed_models=models, **limits)
+        key, secret = ApiKey.objects.issue(membership.tenant, label=asked.label, allowed_models=models,
+                                           expires_at=allowed.expires_at, made_in_console=True, **limits)
         Budget.objects.bulk_create(Budget(tenant=membership.tenant, api_key=key, period=period, limit_usd=limit)
                                    for period, limit in budgets.items())
         audit(membership.user, key, ADDITION, "Created from the tenant console; " + _described(key, budgets))
@@ -132,6 +136,8 @@ def _described(key: ApiKey, budgets: dict[str, Decimal]) -> str:
     parts = [f"models: {', '.join(key.allowed_models) or 'all the tenant may use'}"]
     parts += [f"{LIMIT_NAMES[name]} {getattr(key, name)}" for name in RATE_LIMITS if getattr(key, name)]
     parts += [f"{period} budget {limit.normalize():f} USD" for period, limit in budgets.items()]
+    if key.expires_at is not None:
+        parts.append(f"expires {key.expires_at:%Y-%m-%d %H:%M} UTC")
     return "; ".join(parts) + "."
 
 

@@ -66,6 +66,9 @@ class ApiKeyQuerySet(models.QuerySet):
     def active(self) -> ApiKeyQuerySet:
         return self.filter(revoked_at__isnull=True)
 
+    def issued_by_operators(self) -> ApiKeyQuerySet:
+        return self.filter(made_in_console=False)
+
     def unexpired(self) -> ApiKeyQuerySet:
         return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
 
@@ -127,6 +130,8 @@ class ApiKey(models.Model):
     previous_until = models.DateTimeField(null=True, blank=True, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Made by a tenant's owner in the console, within the operator's keys (console.allowance).
+    made_in_console = models.BooleanField(default=False, editable=False)
 
     objects = ApiKeyQuerySet.as_manager()
 

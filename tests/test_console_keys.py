@@ -30,6 +30,13 @@ def people():
     return cast()
 
 
+@pytest.fixture
+def granted(people):
+    """The operator's key of tenant A, allowing every model, no limits."""
+    make_key(people.tenant_a, label="from-the-operator")
+    return people
+
+
 def secret_in(page: str) -> str:
     return re.search(r"hb-[A-Za-z0-9_-]{40}", page).group(0)
 
@@ -45,7 +52,8 @@ def test_the_allowance_is_what_the_operators_keys_allow_of_what_is_served(people
     assert console_allowance.allowance(people.tenant_a) == console_allowance.Allowance(["gpt-a"], every_model=False)
 
 
-def test_an_owner_creates_a_key_and_sees_its_secret_once(people):
+def test_an_owner_creates_a_key_and_sees_its_secret_once(granted):
+    people = granted
     client = signed_in(people.alice)
     response = client.post("/console/keys/", {"name": "billing", "models": "gpt-a, gpt-b"})
     assert response.status_code == 200 and response["Cache-Control"] == "private, no-store"
@@ -57,7 +65,8 @@ def test_an_owner_creates_a_key_and_sees_its_secret_once(people):
     assert entry.user_id == people.alice.user.pk and entry.action_flag == ADDITION and secret not in entry.change_message
 
 
-def test_checkboxes_give_the_models_one_each(people):
+def test_checkboxes_give_the_models_one_each(granted):
+    people = granted
     signed_in(people.alice).post("/console/keys/", {"name": "x", "models": ["gpt-a", "public"]})
     assert ApiKey.objects.get(label="x").allowed_models == ["gpt-a", "public"]
 
@@ -72,7 +81,8 @@ def test_no_models_ticked_is_the_tenants_allowance_spelled_out(people):
     ("gpt-off", "Not a model this tenant may use: gpt-off."),
     ("gpt-a,upstream-name", "Not a model this tenant may use: upstream-name."),
 ])
-def test_a_model_beyond_the_allowance_is_refused_and_nothing_made(people, models, message):
+def test_a_model_beyond_the_allowance_is_refused_and_nothing_made(granted, models, message):
+    people = granted
     before = ApiKey.objects.count()
     response = signed_in(people.alice).post("/console/keys/", {"name": "x", "models": models})
     assert response.status_code == 400 and message in response.content.decode()
@@ -200,3 +210,20 @@ def test_a_member_cannot_rotate(people):
     key, old = make_key(people.tenant_a)
     assert signed_in(people.bob).post(f"/console/keys/{key.pk}/rotate/", {"grace": "0"}).status_code == 403
     assert ApiKey.objects.authenticate(old).pk == key.pk
+
+
+def test_keys_made_in_the_console_never_widen_the_allowance_nor_outlive_the_operators(people):
+    """Revoking the operator's narrow key leaves nothing to make keys within
+    (not everything); a key made here does not count; none outlives the
+    operator's keys."""
+    soon = timezone.now() + timedelta(hours=2)
+    operators, _ = make_key(people.tenant_a, allowed_models=["gpt-a"], rpm=10, expires_at=soon)
+    client = signed_in(people.alice)
+    assert client.post("/console/keys/", {"name": "mine", "models": "gpt-a"}).status_code == 200
+    mine = ApiKey.objects.get(label="mine")
+    assert mine.made_in_console and mine.expires_at == soon and mine.rpm == 10
+    client.post(f"/console/keys/{operators.pk}/revoke/")
+    response = client.post("/console/keys/", {"name": "wide"})
+    assert response.status_code == 400 and "no live key from your operator" in response.content.decode()
+    assert not ApiKey.objects.filter(label="wide").exists()
+    assert console_allowance.allowance(people.tenant_a).granted is False  # "mine" is live, and counts for nothing

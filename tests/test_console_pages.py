@@ -162,6 +162,7 @@ def test_a_malformed_statement_range_is_a_400_with_its_reason(people):
 def test_the_connect_page_uses_the_consoles_own_base_url(people, settings):
     settings.ALLOWED_HOSTS = ["gw.example"]
     make_channel(served_models=["gpt-conn"])
+    make_key(people.tenant_a)  # the operator's, allowing every model
     page = html.unescape(text(signed_in(people.bob).get("/console/connect/", HTTP_HOST="gw.example:8443", secure=True)))
     assert 'base_url="https://gw.example:8443/v1"' in page  # OpenAI
     assert 'Anthropic(base_url="https://gw.example:8443"' in page
