@@ -52,7 +52,8 @@ def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple
     taken = get_user_model()._default_manager.filter(username=email).exclude(
         is_active=False, is_staff=False, is_superuser=False, membership__isnull=True)  # one removed may come back
     if taken.exists():
-        raise InvitationRefused(f"{email} already has an account.")
+        # Whose account it is (this tenant's, another's, an operator's) is not the owner's to learn.
+        raise InvitationRefused(f"{email} cannot be invited: it has an account already. Ask your operator.")
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         invitation = Invitation.objects.create(
@@ -82,7 +83,9 @@ def usable(token: str) -> Invitation:
 def accept(token: str, password: str) -> TenantMembership:
     """The person the invitation makes, with ``password``; the invitation is used up."""
     with transaction.atomic():
-        invitation = Invitation.objects.select_for_update().select_related("tenant").filter(
+        # The invitation's row alone: a lock on its tenant's row would hold the
+        # tenant's settlements and request logs while the password is hashed.
+        invitation = Invitation.objects.select_for_update(of=("self",)).select_related("tenant").filter(
             token_hash=_hash(token)).first()
         _check(invitation)
         try:

@@ -274,5 +274,8 @@ LOGGING = {
         "httpcore": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
+        # Django's own handlers (DEBUG's console, mail to ADMINS) would write
+        # its lines before the root handler's filter hides one-time tokens.
+        "django": {"handlers": [], "propagate": True},
     },
 }

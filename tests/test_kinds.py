@@ -194,6 +194,10 @@ def test_bedrock_counts_a_profiles_foundation_model_with_the_invoke_body_as_a_bl
     invoke = orjson.loads(base64.b64decode(orjson.loads(request.content)["input"]["invokeModel"]["body"]))
     assert invoke == {"messages": body["messages"], "anthropic_version": "bedrock-2023-05-31", "max_tokens": 1}
     assert orjson.loads(request.answer(b'{"inputTokens": 12}', None)) == {"input_tokens": 12}
+    thinking = {**body, "thinking": {"type": "enabled", "budget_tokens": 2048}}
+    request = bedrock.kind.request(bedrock, Call(Operation.COUNT, "anthropic.claude-x-v1:0", thinking, b""))
+    invoke = orjson.loads(base64.b64decode(orjson.loads(request.content)["input"]["invokeModel"]["body"]))
+    assert invoke["max_tokens"] == 2049  # InvokeModel refuses a thinking budget not under max_tokens
     converse = {"messages": [{"role": "user", "content": [{"text": "hi"}]}], "inferenceConfig": {"maxTokens": 5}}
     request = bedrock.kind.request(bedrock, Call(Operation.COUNT, "amazon.nova-pro-v1:0", converse, b""))
     assert orjson.loads(request.content) == {"input": {"converse": {"messages": converse["messages"]}}}

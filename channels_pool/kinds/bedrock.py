@@ -152,10 +152,10 @@ class BedrockKind(ChannelKind):
             accept, answer = "application/json", with_input_tokens
         elif call.operation is Operation.COUNT:
             # CountTokens takes a foundation model's own id, not a cross-region profile's.
-            counted = quote(call.model[call.model.find("anthropic."):] if is_anthropic(call.model) else call.model, safe="")
-            url, content, splitter = f"{base(channel)}/model/{counted}/count-tokens", self._count_body(call), EventSplitter
-            accept = "application/json"
-            answer = anthropic_count if is_anthropic(call.model) else None
+            anthropic = is_anthropic(call.model)
+            counted = quote(call.model[call.model.find("anthropic."):] if anthropic else call.model, safe="")
+            url, content = f"{base(channel)}/model/{counted}/count-tokens", self._count_body(call)
+            splitter, accept, answer = EventSplitter, "application/json", anthropic_count if anthropic else None
         else:
             raise unsupported(self, call)
         headers = {"content-type": "application/json", "accept": accept}
@@ -180,7 +180,10 @@ class BedrockKind(ChannelKind):
         else Converse's messages and system."""
         if is_anthropic(call.model):
             body = self._messages_body(call)
-            body.setdefault("max_tokens", 1)  # InvokeModel requires it; it changes no count
+            # InvokeModel requires it (above a thinking budget); it changes no count.
+            thinking = body.get("thinking") if isinstance(body.get("thinking"), dict) else {}
+            budget = thinking.get("budget_tokens") if isinstance(thinking.get("budget_tokens"), int) else 0
+            body.setdefault("max_tokens", budget + 1)
             blob = base64.b64encode(orjson.dumps(body)).decode()
             return orjson.dumps({"input": {"invokeModel": {"body": blob}}})
         converse = {k: v for k, v in call.body.items() if k in ("messages", "system", "toolConfig")}
