@@ -5,11 +5,16 @@ over by hand (the page or the command shows it)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from django.conf import settings
 from django.core.mail import send_mail
 
 log = logging.getLogger("console.mail")
+# Mail a page asks for goes out from here, after its answer: a page that
+# mails only when an account exists must take as long either way.
+_later = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-mail")
 
 
 def configured() -> bool:
@@ -28,3 +33,8 @@ def send(to: str, subject: str, body: str) -> bool:
         log.warning("console mail to %s not sent: %s", to, type(error).__name__)
         return False
     return True
+
+
+def later(job: Callable[..., object], *args: object) -> Future:
+    """Run ``job`` (which mails) off the request, one at a time."""
+    return _later.submit(job, *args)

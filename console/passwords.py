@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
-from console.mail import send
+from console.mail import later, send
 
 # A second mail to the same address within this many seconds is not sent
 # (the page answers the same): asking cannot flood someone's mailbox.
@@ -41,10 +41,16 @@ def path_of(user: AbstractBaseUser) -> str:
 
 def mail_link(email: str, base_url: str) -> None:
     """Mail a reset link to ``email`` if it is a console user's, at most
-    once per MAIL_INTERVAL; says nothing either way (no account probing)."""
+    once per MAIL_INTERVAL, after the request: the page answers the same, as
+    soon, either way (no account probing)."""
     user = console_user(email)
-    if user is not None and cache.add(f"console-reset-mail:{user.get_username()}", 1, MAIL_INTERVAL):
-        send_link(user, base_url + path_of(user))
+    if user is not None:
+        later(_mail_once, user, base_url + path_of(user))
+
+
+def _mail_once(user: AbstractBaseUser, link: str) -> None:
+    if cache.add(f"console-reset-mail:{user.get_username()}", 1, MAIL_INTERVAL):
+        send_link(user, link)
 
 
 def send_link(user: AbstractBaseUser, link: str) -> bool:
