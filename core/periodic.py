@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Self
 
 from django.db import connections
 
@@ -30,28 +31,18 @@ from core.snapshots import refresh_connection
 log = logging.getLogger("hopbase.periodic")
 
 
-class Periodic:
-    def __init__(
-        self,
-        name: str,
-        job: Callable[[], object],
-        interval: float,
-        *,
-        first_delay: float | None = None,
-        run_on_stop: bool = False,
-    ) -> None:
+class BackgroundThread:
+    """One named daemon thread and its stop signal: started once, asked to
+    stop, waited for. A subclass's ``_loop`` is the thread's work, which
+    ends once ``_stopping`` is set."""
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        self._job = job
-        self._interval = interval
-        # By default the first run waits one interval, like every other.
-        self._first_delay = interval if first_delay is None else first_delay
-        self._run_on_stop = run_on_stop
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._failures_in_a_row = 0
 
-    def start(self) -> Periodic:
+    def start(self) -> Self:
         """Start the thread (once; later calls do nothing)."""
         with self._lock:
             if self._thread is None:
@@ -60,8 +51,7 @@ class Periodic:
         return self
 
     def request_stop(self) -> None:
-        """Ask the thread to end after its current run (and the final run, if
-        any), without waiting."""
+        """Ask the thread to end after what it is doing, without waiting."""
         self._stopping.set()
 
     def stop(self, timeout: float = 10) -> bool:
@@ -78,6 +68,28 @@ class Periodic:
     def running(self) -> bool:
         thread = self._thread
         return thread is not None and thread.is_alive()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Periodic(BackgroundThread):
+    def __init__(
+        self,
+        name: str,
+        job: Callable[[], object],
+        interval: float,
+        *,
+        first_delay: float | None = None,
+        run_on_stop: bool = False,
+    ) -> None:
+        super().__init__(name)
+        self._job = job
+        self._interval = interval
+        # By default the first run waits one interval, like every other.
+        self._first_delay = interval if first_delay is None else first_delay
+        self._run_on_stop = run_on_stop
+        self._failures_in_a_row = 0
 
     def _loop(self) -> None:
         try:

@@ -53,6 +53,7 @@ from redis.connection import parse_url
 from redis.exceptions import RedisError
 
 from core.dependencies import LoopRedis, describe, sync_redis
+from core.periodic import BackgroundThread
 from core.snapshots import stale_max_age
 
 log = logging.getLogger("hopbase.revocations")
@@ -198,22 +199,18 @@ class SubscriptionDead(ConnectionError):
     pass
 
 
-class Subscriber:
+class Subscriber(BackgroundThread):
     """This process's listener for refusals: one thread, one Redis
     connection (named ``hopbase-revocations-<pid>``, for ``CLIENT LIST``).
     The key cache is the process's, shared by every event loop, and so is
     its listener; a thread rather than a task, so that a busy event loop
     never delays a revocation and a Redis outage never touches a loop. The
-    same interface as ``core.periodic.Periodic`` (hopbase.background)."""
-
-    name = "key-revocations"
+    same thread's life as ``core.periodic.Periodic`` (hopbase.background)."""
 
     def __init__(self, url: str, refuse: Callable[[list[Refusal]], object] = refuse_here) -> None:
+        super().__init__("key-revocations")
         self._url = url
         self._refuse = refuse
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
         # Set while subscribed, and while not: for whoever waits on either (tests).
         self.subscribed = threading.Event()
         self.lost = threading.Event()
@@ -221,30 +218,7 @@ class Subscriber:
         self._lost_at: float | None = None  # when the subscription was lost (None: it is not)
         self._wait = RETRY_FIRST
 
-    def start(self) -> Subscriber:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"hopbase-{self.name}", daemon=True)
-                self._thread.start()
-        return self
-
-    def request_stop(self) -> None:
-        self._stopping.set()
-
-    def stop(self, timeout: float = 10) -> bool:
-        self.request_stop()
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
-
-    @property
-    def running(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive()
-
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
                 self._listen()
