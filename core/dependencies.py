@@ -21,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -115,6 +115,10 @@ redis = Dependency("redis", pause=3.0, consequence="rate and concurrency limits 
 REDIS_TIMEOUT = 0.1
 
 
+class StoreDown(Exception):
+    """Redis is being left alone after a failure: do not even try."""
+
+
 def async_redis(url: str, timeout: float = REDIS_TIMEOUT) -> Any:
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
@@ -159,6 +163,28 @@ class LoopRedis:
         client = self._clients.get(id(asyncio.get_running_loop()))
         if client is not None:
             asyncio.get_running_loop().create_task(client.connection_pool.disconnect(inuse_connections=False))
+
+    async def call(self, command: Coroutine[Any, Any, T]) -> T:
+        """``await command`` (made on this loop's client) through the
+        breaker: ``StoreDown`` while Redis is being left alone; a failure
+        is counted, and raised."""
+        if not redis.attempt():
+            command.close()
+            raise StoreDown()
+        try:
+            result = await command
+        except (OSError, RedisError) as error:
+            redis.failed(error)
+            # The pool's other connections likely died with this one (Redis
+            # went away): drop them, rather than fail once more on each of
+            # them when Redis is back, reopening the breaker every time.
+            self.drop_idle_connections()
+            raise
+        except BaseException:
+            redis.abandoned()
+            raise
+        redis.succeeded()
+        return result
 
     async def call_or_none(self, call: Callable[[Any], Awaitable[T]], what: str) -> T | None:
         """``await call(client)`` through the breaker; None while Redis is

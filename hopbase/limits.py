@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from core.dependencies import LoopRedis
-from core.dependencies import redis as redis_dependency
+from core.dependencies import LoopRedis, StoreDown
 from core.errors import ErrorKind, GatewayError
 
 log = logging.getLogger("hopbase.limits")
@@ -53,10 +52,6 @@ MAX_PENDING_RELEASES = 10_000
 # While releases wait, how often Redis is asked again (the breaker decides
 # whether a call is even tried), and how long a drain waits for them.
 RELEASE_RETRY_SECONDS = 1.0
-
-
-class StoreDown(Exception):
-    """Redis is being left alone after a failure: do not even try."""
 
 
 STORE_ERRORS = (OSError, RedisError, StoreDown)
@@ -160,22 +155,7 @@ class RedisCounters:
 
     async def _call(self, command):
         """One Redis call, through the breaker."""
-        if not redis_dependency.attempt():
-            command.close()
-            raise StoreDown()
-        try:
-            result = await command
-        except STORE_ERRORS as error:
-            redis_dependency.failed(error)
-            # The pool's other connections likely died with this one (Redis
-            # went away): drop them, rather than fail once more on each of
-            # them when Redis is back, reopening the breaker every time.
-            self._clients.drop_idle_connections()
-            raise
-        except BaseException:
-            redis_dependency.abandoned()
-            raise
-        redis_dependency.succeeded()
+        result = await self._clients.call(command)
         if self._releases:
             self._detach(self._flush_releases())
         return result

@@ -47,9 +47,8 @@ from typing import NamedTuple
 from django.conf import settings
 
 from core.dependencies import LoopRedis
-from core.dependencies import redis as redis_dependency
 from core.errors import RETRY_AFTER_CAP, ErrorKind, GatewayError
-from hopbase.limits import STORE_ERRORS, StoreDown
+from hopbase.limits import STORE_ERRORS
 
 log = logging.getLogger("hopbase.token_limits")
 
@@ -210,20 +209,8 @@ class RedisTokens:
         return self._flusher is not None and not self._flusher.done()
 
     async def _call(self, command):
-        """One Redis call, through the breaker (as ``limits.RedisCounters``)."""
-        if not redis_dependency.attempt():
-            command.close()
-            raise StoreDown()
-        try:
-            result = await command
-        except STORE_ERRORS as error:
-            redis_dependency.failed(error)
-            self._clients.drop_idle_connections()  # they likely died with this one
-            raise
-        except BaseException:
-            redis_dependency.abandoned()
-            raise
-        redis_dependency.succeeded()
+        """One Redis call, through the breaker (``LoopRedis.call``)."""
+        result = await self._clients.call(command)
         if self._corrections:
             if self._flushing:
                 self._answered.wake(None)  # a flush waiting to retry: now
