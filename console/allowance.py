@@ -10,8 +10,10 @@ empty list, allows every served model); for RPM, TPM and concurrency the
 largest any of them has, with no ceiling once one has none; for a budget
 period, the largest budget of that period when every one of them has one,
 and never more than the tenant's own budget of that period; and the latest
-of their expiries, unless one never expires. With no live key from the
-operator (all revoked or expired, or none issued) the tenant may make none.
+of their expiries, unless one never expires. When every key the operator
+issued is revoked or expired, the tenant may make none; when the operator
+has issued none at all, nothing bounds the tenant's keys but its own
+budgets (the operator has narrowed nothing).
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ def allowance(tenant: Tenant) -> Allowance:
     served: set[str] = set()
     for channel in Channel.objects.enabled().only("served_models"):
         served.update(channel.model_map())
-    live = list(ApiKey.objects.filter(tenant=tenant).issued_by_operators().active().unexpired()
-                .only("allowed_models", "expires_at", *RATE_LIMITS).prefetch_related("budgets"))
-    if not live:
+    issued = ApiKey.objects.filter(tenant=tenant).issued_by_operators()
+    live = list(issued.active().unexpired().only("allowed_models", "expires_at", *RATE_LIMITS)
+                .prefetch_related("budgets"))
+    if not live and issued.exists():
+        # The operator's keys are all revoked or expired: what they allowed is gone, not widened.
         return Allowance([], every_model=False, granted=False)
-    if any(not key.allowed_models for key in live):
+    if not live or any(not key.allowed_models for key in live):
         models, every_model = sorted(served), True
     else:
         models, every_model = sorted(served & {m for key in live for m in key.allowed_models}), False
@@ -62,7 +66,7 @@ def allowance(tenant: Tenant) -> Allowance:
     for budget in Budget.objects.filter(tenant=tenant, api_key__isnull=True):
         ceilings[budget.period] = min(ceilings.get(budget.period, budget.limit_usd), budget.limit_usd)
     ends = [key.expires_at for key in live]
-    expires_at = None if None in ends else max(ends)
+    expires_at = None if not ends or None in ends else max(ends)
     return Allowance(models, every_model, budget_ceilings=ceilings, budgets_required=required,
                      expires_at=expires_at, **limits)
 
@@ -74,6 +78,8 @@ def _loosest(values: list[int | None]) -> int | None:
 
 
 def _budget_envelope(live: list[ApiKey]) -> tuple[frozenset[str], dict[str, Decimal]]:
+    if not live:
+        return frozenset(), {}
     by_key = [{budget.period: budget.limit_usd for budget in key.budgets.all()} for key in live]
     shared = frozenset(set.intersection(*(set(periods) for periods in by_key)))
     return shared, {period: max(periods[period] for periods in by_key) for period in shared}

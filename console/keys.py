@@ -85,8 +85,8 @@ def create_key(membership: TenantMembership, asked: KeyRequest) -> tuple[ApiKey,
         raise KeyRefused(f"The name is longer than {LABEL_MAX_LENGTH} characters.")
     allowed = allowance(membership.tenant)
     if not allowed.granted:
-        raise KeyRefused("This tenant has no live key from your operator, which new keys are made within: "
-                         "ask your operator for one.")
+        raise KeyRefused("Every key your operator issued this tenant is revoked or expired, and new keys are "
+                         "made within those: ask your operator for one.")
     models = _models_within(allowed, asked.models)
     limits = {name: _limit_within(allowed, name, value) for name, value in asked.limits.items()}
     budgets = _budgets_within(allowed, asked.budget)

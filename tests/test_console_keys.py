@@ -215,7 +215,8 @@ def test_a_member_cannot_rotate(people):
 def test_keys_made_in_the_console_never_widen_the_allowance_nor_outlive_the_operators(people):
     """Revoking the operator's narrow key leaves nothing to make keys within
     (not everything); a key made here does not count; none outlives the
-    operator's keys."""
+    operator's keys. (A tenant the operator issued no key at all is bounded
+    by its budgets alone: test_the_allowance_is_every_served_model_without_operator_keys.)"""
     soon = timezone.now() + timedelta(hours=2)
     operators, _ = make_key(people.tenant_a, allowed_models=["gpt-a"], rpm=10, expires_at=soon)
     client = signed_in(people.alice)
@@ -224,6 +225,14 @@ def test_keys_made_in_the_console_never_widen_the_allowance_nor_outlive_the_oper
     assert mine.made_in_console and mine.expires_at == soon and mine.rpm == 10
     client.post(f"/console/keys/{operators.pk}/revoke/")
     response = client.post("/console/keys/", {"name": "wide"})
-    assert response.status_code == 400 and "no live key from your operator" in response.content.decode()
+    assert response.status_code == 400 and "Every key your operator issued" in response.content.decode()
     assert not ApiKey.objects.filter(label="wide").exists()
     assert console_allowance.allowance(people.tenant_a).granted is False  # "mine" is live, and counts for nothing
+
+
+def test_the_allowance_is_every_served_model_without_operator_keys(people):
+    """The operator has narrowed nothing (no key issued): every served model, no limits."""
+    allowed = console_allowance.allowance(people.tenant_a)
+    assert allowed.granted and allowed.every_model and allowed.models == ["gpt-a", "gpt-b", "public"]
+    assert (allowed.rpm, allowed.expires_at, allowed.budgets_required) == (None, None, frozenset())
+    assert signed_in(people.alice).post("/console/keys/", {"name": "first"}).status_code == 200
