@@ -46,7 +46,7 @@ from django.utils.log import log_response  # noqa: E402
 
 from hopbase import admission, collector, lifecycle, twisted_web  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
-from hopbase.backpressure import unsent_bytes  # noqa: E402
+from hopbase.backpressure import unsent_counter  # noqa: E402
 
 log = logging.getLogger("hopbase.asgi")
 
@@ -62,12 +62,19 @@ class Sender:
     that a keep-alive client takes its next request elsewhere, and tells a
     stream whose client falls too far behind (hopbase.backpressure)."""
 
-    __slots__ = ("send", "started", "too_slow")
+    __slots__ = ("send", "started", "too_slow", "unsent", "max_unsent")
 
     def __init__(self, send) -> None:
         self.send = send
         self.started = False
         self.too_slow = None  # the stream's hook, once its response exists
+        self.unsent = None
+
+    def watch(self, too_slow) -> None:
+        """Call ``too_slow`` once when the client falls too far behind."""
+        self.unsent = unsent_counter(self.send) if too_slow is not None else None
+        self.too_slow = too_slow if self.unsent is not None else None
+        self.max_unsent = settings.HOPBASE_MAX_UNSENT_BYTES
 
     async def __call__(self, message) -> None:
         if message["type"] == "http.response.start":
@@ -78,8 +85,11 @@ class Sender:
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
         await self.send(message)
         if self.too_slow is not None and message.get("more_body"):
-            unsent = unsent_bytes(self.send)
-            if unsent is not None and unsent > settings.HOPBASE_MAX_UNSENT_BYTES:
+            try:
+                behind = self.unsent() > self.max_unsent
+            except (AttributeError, RuntimeError):  # the connection is gone
+                return
+            if behind:
                 too_slow, self.too_slow = self.too_slow, None
                 too_slow()
 
@@ -149,7 +159,7 @@ class ApiHandler(ASGIHandler):
         taken_back = False
         try:
             response = await self.run_get_response(request)
-            send.too_slow = getattr(response, "too_slow", None)
+            send.watch(getattr(response, "too_slow", None))
             await self.send_response(response, send)
         except asyncio.CancelledError:
             # The listener's cancel (the client left, while the view ran or
@@ -176,7 +186,8 @@ class ApiHandler(ASGIHandler):
         """Django's, but a stream's parts go out as they come: one ASGI
         message per relayed event, without Django's two extra generator
         layers and re-chunking (each costs more per event than the event's
-        own bytes do)."""
+        own bytes do), and for the relay's own streams (``parts``) without
+        its check that each part is bytes."""
         if not (response.streaming and response.is_async):
             return await super().send_response(response, send)
         headers = [
@@ -186,7 +197,7 @@ class ApiHandler(ASGIHandler):
         ]
         headers += [(b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in response.cookies.values()]
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        async with aclosing(response.streaming_content) as content:
+        async with aclosing(getattr(response, "parts", None) or response.streaming_content) as content:
             async for part in content:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})

@@ -2,7 +2,8 @@
 
 A client that reads slowly (or not at all) leaves what was written to it
 in the server's buffer, and ASGI gives the application no view of it; this
-reads it from the server's own objects, a stream's ``send``:
+reads it from the server's own objects, a stream's ``send``
+(``unsent_counter``):
 
 - Daphne writes each chunk into Twisted's transport at once, and Twisted
   buffers the rest without end. Daphne's ``send`` is
@@ -16,7 +17,7 @@ reads it from the server's own objects, a stream's ``send``:
   hopbase.uvicorn_web sets to ``HOPBASE_MAX_UNSENT_BYTES``: one write takes
   it past, and the stream then ends.
 
-On any other server ``unsent_bytes`` says None and nothing is bounded here.
+On any other server ``unsent_counter`` says None and nothing is bounded here.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from collections.abc import Callable
 from typing import Any
 
 
-def unsent_bytes(send: Callable[..., Any]) -> int | None:
+def unsent_counter(send: Callable[..., Any]) -> Callable[[], int] | None:
+    """What says how many bytes written to ``send``'s client are still
+    unsent, looked up once per response (a stream asks after every write);
+    None where the server does not say."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
     if transport is not None:  # uvicorn
-        try:
-            return transport.get_write_buffer_size()
-        except (AttributeError, RuntimeError):
-            return None
+        return transport.get_write_buffer_size
     args = getattr(send, "args", None)
-    if not args:
+    transport = getattr(getattr(args[0], "channel", None), "transport", None) if args else None
+    if transport is None or not hasattr(transport, "dataBuffer"):
         return None
-    transport = getattr(getattr(args[0], "channel", None), "transport", None)
-    try:
+
+    def twisted_unsent() -> int:
         return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
-    except (AttributeError, TypeError):
-        return None
+
+    return twisted_unsent

@@ -119,6 +119,9 @@ def to_response(reply: Reply) -> HttpResponse | StreamingHttpResponse:
             response._resource_closers.append(reply.abandon)
         # Called by the API handler when the client falls too far behind.
         response.too_slow = reply.too_slow
+        # The API handler sends the parts as they are: bytes already, they
+        # need none of Django's per-part layer (streaming_content).
+        response.parts = reply.chunks
     else:
         response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
     for name, value in reply.headers.items():

@@ -15,7 +15,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import get_resolver
 
-from hopbase.asgi import REMEMBERED_PATH_LENGTH, ApiHandler, resolved
+from hopbase.asgi import REMEMBERED_PATH_LENGTH, ApiHandler, Sender, resolved
 
 WITHIN = 5.0
 
@@ -36,6 +36,9 @@ class Sent:
     def __init__(self) -> None:
         self.messages: list[dict] = []
         self.too_slow = None
+
+    def watch(self, too_slow) -> None:
+        self.too_slow = too_slow
 
     async def __call__(self, message: dict) -> None:
         self.messages.append(message)
@@ -115,7 +118,7 @@ def test_a_request_cut_from_outside_is_cut_and_its_response_let_go_of():
     handler.run_get_response = view
 
     async def main() -> None:
-        work = asyncio.create_task(handler.respond(None, client.receive, send))
+        work = asyncio.create_task(handler.respond(None, client.receive, Sender(send)))
         await asyncio.wait_for(answered.wait(), WITHIN)
         work.cancel()
         with pytest.raises(asyncio.CancelledError):
