@@ -1,7 +1,8 @@
 """The gateway's real HTTP client (channels_pool.http_client.new_client: httpx
 over aiohttp) against a plain socket server: a cut mid-stream is still an
 interruption, a hang-up closes the upstream connection at once, connections
-go back to the pool, and the pool's limit holds."""
+go back to the pool, the pool's limit holds, and the relay's waits on the
+body, ended early, lose nothing of it."""
 
 from __future__ import annotations
 
@@ -319,3 +320,63 @@ def test_a_stream_read_slower_than_it_comes_pauses_the_socket_and_resumes_it(mon
 
     assert asyncio.run(asyncio.wait_for(scenario(), 30)) == sum(map(len, pieces))
     assert pauses  # the socket was paused, and read on to the end
+
+
+async def events_apart(reader, writer) -> bool:
+    """One event, a pause, then the rest of the answer."""
+    writer.write(HEAD + chunk(EVENT))
+    await writer.drain()
+    await asyncio.sleep(0.3)
+    writer.write(chunk(EVENT) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+def test_waits_ended_early_by_their_deadline_or_wake_lose_nothing_of_the_body():
+    # The relay waits on aiohttp's reader in its own task; a wait is ended
+    # by cancelling that task at the wait, which must leave every byte.
+    async def scenario():
+        server = Server(events_apart)
+        url = await server.start()
+        http = new_client()
+        attempt = start(http, url)
+        assert await attempt.next(5) is Signal.OPENED
+        assert (await attempt.next(5)).raw == EVENT
+        ended = [await attempt.next(0.02), await attempt.next(0.02)]  # by their deadline
+        asyncio.get_running_loop().call_later(0.02, attempt.wake)
+        ended.append(await attempt.next(5))  # by wake()
+        rest = await read_all(attempt)
+        attempt.completed = True
+        attempt.end()
+        await attempt._task
+        await http.aclose()
+        return ended, rest, asyncio.current_task().cancelling()
+
+    ended, rest, cancelling = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert ended == [Signal.TIMEOUT] * 3
+    assert [item.raw for item in rest if isinstance(item, Event)] == [EVENT, b"data: [DONE]\n\n"]
+    assert rest[-1] is Signal.END
+    assert cancelling == 0  # the early ends left no cancellation behind
+
+
+def test_a_wait_on_the_body_cancelled_from_outside_is_cancelled_not_timed_out():
+    # A client leaving (B1) cancels the relay's task mid-wait: that must
+    # reach the relay as a cancellation, even when a deadline ends the wait
+    # at the same moment.
+    async def scenario():
+        server = Server(one_event_then_silence)
+        url = await server.start()
+        http = new_client()
+        attempt = start(http, url)
+        assert await attempt.next(5) is Signal.OPENED
+        assert isinstance(await attempt.next(5), Event)
+        reader = asyncio.create_task(attempt.next(30))
+        await asyncio.sleep(0.01)
+        attempt.wake()  # ended early and cancelled from outside, together
+        reader.cancel()
+        outcome = await asyncio.gather(reader, return_exceptions=True)
+        attempt.end()
+        await http.aclose()
+        return outcome[0]
+
+    assert isinstance(asyncio.run(asyncio.wait_for(scenario(), 10)), asyncio.CancelledError)
