@@ -27,15 +27,10 @@ T = TypeVar("T")
 
 
 class Body(Protocol):
-    def read_nowait(self) -> bytes:
-        """All that has arrived and was not read yet; ``b""`` if nothing
-        has (or the body ended: see ``is_eof``). Raises what cut it."""
-
-    def is_eof(self) -> bool: ...
-
     async def readany(self) -> bytes:
-        """Waits for what ``read_nowait`` would give; cancelling the wait
-        loses nothing."""
+        """All that has arrived and was not read yet, waiting for some if
+        nothing has; ``b""`` at the body's end; raises what cut it.
+        Cancelling the wait loses nothing."""
 
 
 def direct_body(response: httpx.Response) -> Body | None:
@@ -76,7 +71,13 @@ class FedBody:
         self._eof = True
         self._wake_reader()
 
-    def read_nowait(self) -> bytes:
+    async def readany(self) -> bytes:
+        while not self._chunks and not self._eof:
+            self._arrived = asyncio.get_running_loop().create_future()
+            try:
+                await self._arrived
+            finally:
+                self._arrived = None
         if self._chunks:
             data = b"".join(self._chunks)
             self._chunks.clear()
@@ -87,18 +88,6 @@ class FedBody:
         if self._error is not None:
             raise self._error
         return b""
-
-    def is_eof(self) -> bool:
-        return self._eof and not self._chunks
-
-    async def readany(self) -> bytes:
-        while not self._chunks and not self._eof:
-            self._arrived = asyncio.get_running_loop().create_future()
-            try:
-                await self._arrived
-            finally:
-                self._arrived = None
-        return self.read_nowait()
 
     def _wake_reader(self) -> None:
         if self._arrived is not None and not self._arrived.done():

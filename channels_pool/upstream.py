@@ -297,11 +297,7 @@ class Attempt:
                         return Signal.TIMEOUT
                     await self._waits.until(deadline, self._item_arrived())
                     continue
-                chunk = body.read_nowait()
-                if not chunk and not body.is_eof():
-                    if deadline <= self._loop.time():
-                        return Signal.TIMEOUT
-                    chunk = await self._waits.until(deadline, body.readany())
+                chunk = await self._waits.until(deadline, body.readany())
             except TimedOut:
                 return Signal.TIMEOUT
             except CUT_ERRORS:
