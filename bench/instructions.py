@@ -7,15 +7,16 @@ Debian's ``valgrind``)::
 
     .venv/bin/python bench/instructions.py OLD [NEW] [--requests N]
                                            [--concurrency C] [--tokens T]
-                                           [--pace SECONDS]
+                                           [--pace SECONDS] [--stream]
 
 OLD and NEW are checkouts of the project (NEW defaults to this one), e.g.
 ``git worktree add /tmp/old HEAD~3``. Each is served by one Daphne process
 run under callgrind (about 50 times slower), on a SQLite database of its
 own made with ``migrate`` and ``demo``, against one upstream simulator; after
 40 warm-up calls the counters are zeroed, N non-stream Chat requests of T
-tokens are made, C at a time, and the instructions executed meanwhile are
-read back: the event loop's thread, and all threads together.
+tokens are made (streamed to the client with ``--stream``), C at a time,
+and the instructions executed meanwhile are read back: the event loop's
+thread, and all threads together.
 
 The event loop's count repeats within about 0.5 % (the same checkout as
 both old and new: 1.000×), so a change of 2 % there is real. All threads
@@ -58,9 +59,11 @@ async def calls(target: Target, count: int, concurrency: int, body: bytes) -> No
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=CALL_TIMEOUT, trust_env=False) as client:
         async def one(t: Target, samples: Samples) -> None:
-            response = await client.post(t.base + "/v1/chat/completions", content=body, headers=t.chat_headers)
+            async with client.stream("POST", t.base + "/v1/chat/completions", content=body,
+                                     headers=t.chat_headers) as response:
+                answer = await response.aread()
             if response.status_code != 200:
-                raise RuntimeError(f"{t.name}: HTTP {response.status_code}: {response.text[:300]}")
+                raise RuntimeError(f"{t.name}: HTTP {response.status_code}: {answer[:300]!r}")
             samples.latency.append(0.0)
 
         await interleaved([target], count, concurrency, one)
@@ -98,7 +101,7 @@ def measure(name: str, checkout: Path, sim_url: str, env: dict[str, str], tmp: P
         child.wait_ready(url + "/healthz", within=UNDER_CALLGRIND_START)
         target = Target(name, url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
         pace = f" pace={args.pace}" if args.pace else ""
-        body = chat_body(f"Say hello. [sim tokens={args.tokens}{pace}]", stream=False)
+        body = chat_body(f"Say hello. [sim tokens={args.tokens}{pace}]", stream=args.stream)
         asyncio.run(calls(target, WARM_UP, args.concurrency, body))
         subprocess.run(["callgrind_control", "--zero", str(child.pid)], check=True, capture_output=True)
         asyncio.run(calls(target, args.requests, args.concurrency, body))
@@ -121,6 +124,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=50, help="tokens of each non-stream answer")
     parser.add_argument("--pace", type=float, default=0.0, help="seconds between the simulator's tokens")
+    parser.add_argument("--stream", action="store_true", help="streamed answers, not whole ones")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -146,7 +150,8 @@ def main() -> int:
             results.append((name, checkout, counts))
             print(f"[instructions] {name} measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
         paced = f" (tokens {args.pace} s apart)" if args.pace else ""
-        print(f"{args.requests} non-stream Chat requests of {args.tokens} tokens{paced}, {args.concurrency} at a time,"
+        kind = "streamed" if args.stream else "non-stream"
+        print(f"{args.requests} {kind} Chat requests of {args.tokens} tokens{paced}, {args.concurrency} at a time,"
               " each checkout's gateway under callgrind:\n")
         print("| checkout | commit | event loop, per request | against old | all threads | against old |")
         print("|---|---|---:|---:|---:|---:|")

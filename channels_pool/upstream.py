@@ -1,17 +1,15 @@
-"""Talking to a channel: ``Attempt``, one upstream request (over the client
-of ``channels_pool.http_client``).
+"""Talking to a channel: ``Attempt``, one upstream request read by its own
+task into a queue (over the client of ``channels_pool.http_client``).
 
-The attempt's own task opens the request and holds the response open; the
-relay reads the body from its own task, in ``next()`` (channels_pool.body),
-timing keep-alives, stalls and the hold with waits that end without losing
-a byte. Ending an attempt (cancelling its task) hangs up on the channel at
-once; an attempt that completed has its task read the body's end, so the
-connection goes back to the pool.
+The relay never awaits the httpx iterator directly: cancelling a
+``wait_for`` around ``__anext__`` would close it. Reading in a separate task
+lets the relay time keep-alives, stalls and the hold with plain queue waits,
+and ending an attempt (cancelling its task) hangs up on the channel at once.
 
-An answer the client takes whole (F4) is read the same way, but
-``consume()`` has ``next()`` hand each event to the relay's function as it
-is split, and give only the event that function keeps (the answer's end),
-signals and failures.
+An answer the client takes whole (F4) need not wake the relay for every
+read: ``consume()`` has the reading task hand each event to the relay's
+function as it is split, and ``next()`` gives only the event that function
+keeps (the answer's end), signals and failures.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from typing import Protocol
 
 import httpx
 
-from channels_pool.body import Body, FedBody, TimedOut, Waits, direct_body
 from channels_pool.http_client import (
     TRANSPORT_ERRORS,
     chunk_reader,
@@ -36,8 +33,8 @@ from channels_pool.http_client import (
     retry_after_seconds,
     timed_out,
 )
-from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from channels_pool.parts import read_in_parts
+from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from core.errors import UpstreamFailure
 from core.sse import Event
 
@@ -49,9 +46,8 @@ MAX_ERROR_BODY = 64 * 1024
 MAX_WHOLE_BODY = 128 * 1024 * 1024
 RELEASE_GRACE_SECONDS = 5
 # Bounds on what one attempt holds in memory: bytes read but not yet taken
-# by the relay (past it, reading pauses: the provider waits; aiohttp's reader
-# has its own, smaller), and one event the channel has not finished (past
-# it, the channel is cut off).
+# by the relay (past it, reading pauses: the provider waits), and one event
+# the channel has not finished (past it, the channel is cut off).
 MAX_UNREAD = 1024 * 1024
 MAX_EVENT = 16 * 1024 * 1024
 # Response headers from the channel that a client's SDK reads (request ids);
@@ -65,9 +61,6 @@ KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 MAX_DETAIL = 300
 # Takes an event as it is read; True keeps it (and what follows) for next().
 Consumer = Callable[[Event], bool]
-# What a body that cannot be read on raises: the transport's errors, and
-# aiohttp's "Connection closed." for a connection gone under a waiting read.
-CUT_ERRORS = (*TRANSPORT_ERRORS, RuntimeError)
 
 
 class Signal(enum.Enum):
@@ -82,6 +75,11 @@ class Signal(enum.Enum):
 class Channel(Protocol):
     id: int
     name: str
+
+
+def _set_if_waiting(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
 
 
 class Attempt:
@@ -109,22 +107,22 @@ class Attempt:
         self.completed = False  # its terminal event arrived
         self._classify = classify
         self._whole_body = whole_body
-        # What the attempt's task put for next(), in order (signals,
-        # failures, a whole answer's one event); ``_arrived`` is set when an
-        # item comes for a ``next()`` that is waiting.
-        self._items: deque[Event | Signal | UpstreamFailure] = deque()
-        self._arrived: asyncio.Future[None] | None = None
-        # The streamed body, once the channel answered 200: read by next().
-        self._body: Body | None = None
+        # What the pump read, in order; ``_wake`` is set when an item arrives
+        # for a ``next()`` that is waiting. (A future and a timer per wait
+        # cost far less than ``wait_for`` on a queue, which makes a task for
+        # every event.)
+        self._items: deque[bytes | Event | Signal | UpstreamFailure] = deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._unread = 0
+        self._room: asyncio.Future[None] | None = None  # the pump waits for the relay to catch up
         self._splitter = requests[0].splitter()
         self._events: deque[Event] = deque()
+        self._timer: asyncio.TimerHandle | None = None
         self._take: Consumer | None = None
         self._loop = loop = asyncio.get_running_loop()
-        self._waits = Waits(loop)
-        # Set when the body was read to its end, or by end() for a completed
-        # attempt: its task reads what is left and closes the response.
-        self._let_go: asyncio.Future[None] = loop.create_future()
-        self.read_at = loop.time()  # when the channel last sent bytes
+        # When the channel last sent bytes, kept once consume() is called
+        # (until then the relay sees every read itself).
+        self.read_at = loop.time()
         self._task = loop.create_task(self._pump(http, requests))
 
     async def _pump(self, http: httpx.AsyncClient, requests: list[UpstreamRequest]) -> None:
@@ -185,33 +183,25 @@ class Attempt:
             if response.status_code != 200:
                 put(await self._refused(response))
                 return
-            if self._whole_body:
-                put(Signal.OPENED)
-                put(Event(await self._whole(response, upstream)))
-                put(Signal.END)
-                return
-            body = direct_body(response)
-            if body is None:
-                await self._feed(response)
-                return
-            self._body = body
             put(Signal.OPENED)
-            await self._let_go
-            while await body.readany():  # the rest of a completed answer: the connection is pooled at its end
-                pass
+            if self._whole_body:
+                put(Event(await self._whole(response, upstream)))
+            else:
+                # Not aiter_raw(): its layers (a chunker, a context per body)
+                # cost more than the bytes of an event.
+                read = chunk_reader(response)
+                while chunk := await read():
+                    put(chunk)
+                    if self._unread > MAX_UNREAD:
+                        self._room = asyncio.get_running_loop().create_future()
+                        await self._room
+            put(Signal.END)
         except TRANSPORT_ERRORS:
-            # A reset may reach here as any of them (httpx-aiohttp calls a
-            # dropped connection a ConnectTimeout): all are a cut.
+            # A reset mid-stream may reach here as any of them (httpx-aiohttp
+            # calls a dropped connection a ConnectTimeout): all are a cut.
             put(UpstreamFailure("cut", self.status))
         finally:
             await response.aclose()
-
-    async def _feed(self, response: httpx.Response) -> None:
-        """Any other httpx stream than the gateway's own transport's,
-        read into a body for next()."""
-        self._body = fed = FedBody(MAX_UNREAD)
-        self._put(Signal.OPENED)
-        await fed.read_from(chunk_reader(response), TRANSPORT_ERRORS)
 
     async def _read_parts(self, http: httpx.AsyncClient, parts: list[UpstreamRequest]) -> None:
         async def read(upstream: UpstreamRequest) -> bytes | UpstreamFailure:
@@ -221,9 +211,7 @@ class Attempt:
             if isinstance(response, UpstreamFailure):
                 return response
             try:
-                if response.status_code != 200:
-                    return await self._refused(response)
-                return await self._whole(response, upstream)
+                return await (self._refused(response) if response.status_code != 200 else self._whole(response, upstream))
             except TRANSPORT_ERRORS:
                 return UpstreamFailure("cut", response.status_code)
             finally:
@@ -238,13 +226,17 @@ class Attempt:
         self._put(Event(b"[" + b",".join(bodies) + b"]"))
         self._put(Signal.END)
 
-    def _put(self, item: Event | Signal | UpstreamFailure) -> None:
-        if self._take is None or not isinstance(item, Event):
-            self._items.append(item)
-        elif not self._offer([item]):
-            return
-        if self._arrived is not None and not self._arrived.done():
-            self._arrived.set_result(None)
+    def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
+        if isinstance(item, bytes | Event):
+            if self._take is not None:
+                self.read_at = self._loop.time()
+                self._hand_over(item)
+                return
+            if isinstance(item, bytes):
+                self._unread += len(item)
+        self._items.append(item)
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def consume(self, take: Consumer) -> None:
         """From now on hand every event to ``take`` as it is read, those
@@ -258,8 +250,26 @@ class Attempt:
         if self._offer(events):
             return
         items = self._items
-        while self._take is not None and items and isinstance(items[0], Event):
-            self._offer([items.popleft()])
+        while self._take is not None and items and isinstance(items[0], bytes | Event):
+            item = items.popleft()
+            if isinstance(item, bytes):
+                self._unread -= len(item)
+            self._hand_over(item)
+        if self._room is not None and self._unread <= MAX_UNREAD // 2:
+            _set_if_waiting(self._room)
+            self._room = None
+
+    def _hand_over(self, item: bytes | Event) -> None:
+        """What the channel sent, to the consumer: a whole body's one event,
+        or the events a read completes."""
+        events = [item] if isinstance(item, Event) else self._split(item)
+        if events is None:
+            self._take = None
+            self._hang_up()
+            self._items.appendleft(UpstreamFailure("cut", self.status))
+            self.wake()
+        elif events:
+            self._offer(events)
 
     def _split(self, chunk: bytes) -> list[Event] | None:
         """The events a read completes; None when the stream cannot be read
@@ -282,54 +292,50 @@ class Attempt:
             if take(event):
                 self._take = None
                 self._items.extendleft(reversed(events[index:]))
+                self.wake()
                 return True
         return False
 
     async def next(self, timeout: float) -> Event | Signal | UpstreamFailure:
         if self._events:
             return self._events.popleft()
-        deadline = self._loop.time() + timeout
-        while not self._items:
-            body = self._body
-            try:
-                if body is None:
-                    if deadline <= self._loop.time():
-                        return Signal.TIMEOUT
-                    await self._waits.until(deadline, self._item_arrived())
-                    continue
-                chunk = await self._waits.until(deadline, body.readany())
-            except TimedOut:
+        if not self._items:
+            if timeout <= 0:
                 return Signal.TIMEOUT
-            except CUT_ERRORS:
-                self._body = None
-                self._items.append(UpstreamFailure("cut", self.status))
-                break
-            if not chunk:
-                self._body = None
-                self._items.append(Signal.END)
-                self._release()  # all read: the attempt's task closes it, the connection goes back
-                break
-            self.read_at = self._loop.time()
-            events = self._split(chunk)
-            if events is None:
-                self._body = None
-                self._hang_up()
-                return UpstreamFailure("cut", self.status)
-            if self._take is not None:
-                self._offer(events)  # what it keeps is in the items now
-            elif events:
-                self._events.extend(events)
-                return self._events.popleft()
-            else:
-                return Signal.PROGRESS
-        return self._next_item()
-
-    def _item_arrived(self) -> asyncio.Future[None]:
-        self._arrived = arrived = self._loop.create_future()
-        return arrived
-
-    def _next_item(self) -> Event | Signal | UpstreamFailure:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            # One timer serves many waits: the reader's deadlines (keep-alive,
+            # stall) move later with every event, so a timer due no later
+            # than this one is kept, and its early TIMEOUT is one more the
+            # reader already allows for (it looks at its clocks and waits
+            # again), instead of a timer made and cancelled per chunk.
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._timer_fired)
+            self._wake = wake = loop.create_future()
+            try:
+                await wake
+            finally:
+                self._wake = None
+            if not self._items:
+                return Signal.TIMEOUT
         item = self._items.popleft()
+        if isinstance(item, bytes):
+            self._unread -= len(item)
+            if self._room is not None and self._unread <= MAX_UNREAD // 2:
+                _set_if_waiting(self._room)
+                self._room = None
+            events = self._split(item)
+            if events is None:
+                self._hang_up()
+                self._items.clear()
+                return UpstreamFailure("cut", self.status)
+            if not events:
+                return Signal.PROGRESS
+            self._events.extend(events)
+            return self._events.popleft()
         if item is Signal.END:
             # A last event the channel never terminated with a blank line.
             try:
@@ -339,7 +345,6 @@ class Attempt:
             if rest:
                 self._items.appendleft(Signal.END)
                 if self._take is None:
-                    self._events.extend(rest[1:])
                     return rest[0]
                 self._offer(rest)
                 return self._items.popleft()
@@ -356,10 +361,15 @@ class Attempt:
         one upstream read carried): the relay sends those together."""
         return bool(self._events) or bool(self._items)
 
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.wake()
+
     def wake(self) -> None:
         """End a ``next()`` that is waiting, early (it returns TIMEOUT): the
         reader has something else to look at, such as a drain deadline."""
-        self._waits.wake()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     def passed_back_headers(self) -> dict[str, str]:
         found = self._kept_headers
@@ -370,24 +380,21 @@ class Attempt:
         return next((found[name] for name in PROVIDER_REQUEST_ID_HEADERS if name in found), "")
 
     def end(self) -> None:
-        """Let go of the channel: after the terminal event, let the attempt's
-        task read the body's end so the connection goes back to the pool
-        (hanging up if it has not within a few seconds); otherwise hang up
-        at once."""
-        self._waits.close()
+        """Let go of the channel: after the terminal event, let the pump read
+        the body's end so the connection goes back to the pool (hanging up if
+        it has not within a few seconds); otherwise hang up at once."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._take = None  # it refers back to the relay's run, which refers to this
         if self._task.done():
             return
         if self.completed:
-            self._release()
-            self._loop.call_later(RELEASE_GRACE_SECONDS, self._hang_up)
+            asyncio.get_running_loop().call_later(RELEASE_GRACE_SECONDS, self._hang_up)
         else:
             self._hang_up()
-
-    def _release(self) -> None:
-        if not self._let_go.done():
-            self._let_go.set_result(None)
 
     def _hang_up(self) -> None:
         if not self._task.done():
             self._task.cancel()
+

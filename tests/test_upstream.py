@@ -1,6 +1,5 @@
-"""An attempt on one channel (channels_pool/upstream.py): opened by a task
-of its own, read by the relay, bounded in what it holds, and woken or ended
-on the relay's word."""
+"""An attempt on one channel (channels_pool/upstream.py): read in a task of
+its own, bounded in what it holds, and woken or ended on the relay's word."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def test_reading_pauses_while_the_relay_is_behind_and_resumes_when_it_catches_up
         assert await attempt.next(1) is Signal.OPENED
         for _ in range(100):  # let the pump run as far as it may
             await asyncio.sleep(0)
-        held = attempt._body.size
+        held = attempt._unread
         events = 0
         while (item := await attempt.next(1)) is not Signal.END:
             assert isinstance(item, Event)
@@ -152,15 +151,15 @@ def test_a_shorter_wait_is_honoured_after_a_longer_one_and_timers_are_not_made_p
         attempt = attempt_on(upstream, "a")
         assert await attempt.next(30) is Signal.OPENED
         assert isinstance(await attempt.next(30), Event)
-        timer = attempt._waits._timer
+        timer = attempt._timer
         assert isinstance(await attempt.next(29), Event)
-        assert attempt._waits._timer is timer  # the one due earlier is kept
+        assert attempt._timer is timer  # the one due earlier is kept
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await attempt.next(0.05) is Signal.TIMEOUT  # re-armed sooner
         waited = loop.time() - started
         attempt.end()
-        return waited, attempt._waits._timer
+        return waited, attempt._timer
 
     waited, timer = asyncio.run(scenario())
     assert waited < 5

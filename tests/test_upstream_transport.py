@@ -333,8 +333,8 @@ async def events_apart(reader, writer) -> bool:
 
 
 def test_waits_ended_early_by_their_deadline_or_wake_lose_nothing_of_the_body():
-    # The relay waits on aiohttp's reader in its own task; a wait is ended
-    # by cancelling that task at the wait, which must leave every byte.
+    # The relay's waits end at its clocks and at a drain's word, while the
+    # channel's bytes keep arriving: none may be lost or left behind.
     async def scenario():
         server = Server(events_apart)
         url = await server.start()
