@@ -14,13 +14,17 @@ one probe at a time.
 HOPBASE_CONFIG_TTL seconds: the shape of the hot path's channel, price and
 balance caches (channels_pool.selection, billing.pricing, billing.balances).
 While one caller refreshes a stale value the others keep the stale one
-rather than queue behind the database. While the database is unreachable
+rather than queue behind the database, and callers that find nothing
+loaded wait together for one load (``Flights``: a burst on a process just
+started asks the database once, not once per request, whose queue would
+pass the deadline and trip the breaker). While the database is unreachable
 the last value loaded is served, for up to HOPBASE_STALE_MAX_AGE seconds,
 and refreshed in the background when a probe is due; past that age, or with
 nothing loaded yet, the caller gets ``DatabaseUnavailable`` (503 in its
 format). A refresh that fails for any other reason keeps the last value for
-another TTL; a first load that fails so raises. There is no asyncio lock, so
-a snapshot works from any event loop (tests run several).
+another TTL; a first load that fails so raises. There is no asyncio lock,
+and a load is shared only within its own event loop, so a snapshot works
+from any event loop (tests run several).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +45,7 @@ from core.dependencies import database
 from core.errors import DatabaseUnavailable
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 log = logging.getLogger("hopbase.billing")
 
 # The longest a request waits on the database for one call (seconds); the
@@ -111,9 +116,32 @@ def stale_max_age() -> float:
     return max(settings.HOPBASE_STALE_MAX_AGE, settings.HOPBASE_CONFIG_TTL)
 
 
+class Flights(Generic[K, T]):
+    """Calls for the same key at the same time share one: the first starts
+    it, the others wait for its result (or its error). A caller that gives
+    up (cancelled) leaves it running for the rest."""
+
+    def __init__(self) -> None:
+        self._flying: dict[K, asyncio.Future[T]] = {}
+
+    async def run(self, key: K, call: Callable[[], Awaitable[T]]) -> T:
+        flight = self._flying.get(key)
+        if flight is None or flight.get_loop() is not asyncio.get_running_loop():
+            flight = self._flying[key] = asyncio.ensure_future(call())
+            flight.add_done_callback(lambda done: self._landed(key, done))
+        return await asyncio.shield(flight)
+
+    def _landed(self, key: K, flight: asyncio.Future[T]) -> None:
+        if self._flying.get(key) is flight:
+            del self._flying[key]
+        if not flight.cancelled():
+            flight.exception()  # taken: every caller may have given up
+
+
 class Snapshot(Generic[T]):
     def __init__(self, loader: Callable[[], T]) -> None:
         self._loader = loader
+        self._flights: Flights[None, T] = Flights()
         self._name = getattr(loader, "__name__", "snapshot")
         self._value: T | None = None
         self._loaded = False
@@ -132,7 +160,7 @@ class Snapshot(Generic[T]):
                 if not self._loading and database.due():
                     in_background(self._refresh_quietly())
                 return self._value  # type: ignore[return-value]
-        return await self._refresh()
+        return await self._flights.run(None, self._refresh)
 
     async def _refresh(self) -> T:
         self._loading = True

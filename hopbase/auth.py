@@ -35,7 +35,7 @@ from django.conf import settings
 from billing.finished import Finished
 from core.dependencies import database
 from core.errors import DatabaseUnavailable
-from core.snapshots import database_call, in_background, stale_max_age
+from core.snapshots import Flights, database_call, in_background, stale_max_age
 from core.vocabulary import ApiName, RequestStatus
 from hopbase import revocations
 from hopbase.models import KEY_PREFIX, ApiKey, hash_secret
@@ -131,6 +131,8 @@ class KeyCache:
         self._known: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._unknown: OrderedDict[str, Entry] = OrderedDict()
         self._refreshing: set[str] = set()
+        # A key asked for by many requests at once is looked up once.
+        self._lookups: Flights[str, Caller | None] = Flights()
 
     async def authenticate(self, secret: str) -> Caller | None:
         """The caller a secret belongs to, or None for no such key (or one
@@ -209,6 +211,9 @@ class KeyCache:
         return True
 
     async def _refresh(self, secret: str, digest: str) -> Caller | None:
+        return await self._lookups.run(digest, lambda: self._look_up(secret, digest))
+
+    async def _look_up(self, secret: str, digest: str) -> Caller | None:
         self._refreshing.add(digest)
         try:
             caller = await database_call(self._load, secret)

@@ -375,3 +375,26 @@ def test_the_stale_path_reads_the_marker_a_revocation_left_in_redis(quick, setti
         assert await cache.authenticate(secret) is None
 
     asyncio.run(scenario())
+
+
+def test_a_burst_of_requests_with_a_key_this_process_has_not_seen_looks_it_up_once(quick):
+    # A process just started, or a key just made, under load: one query for
+    # all of them, not one each (their queue would pass the deadline, and
+    # trip the breaker for every other key too).
+    table = Keys()
+    slow = threading.Event()
+
+    def slow_table(secret: str) -> Caller | None:
+        slow.wait(0.1)
+        return table(secret)
+
+    cache = KeyCache(slow_table)
+
+    async def scenario() -> list:
+        waiting = [asyncio.ensure_future(cache.authenticate(KNOWN)) for _ in range(200)]
+        await asyncio.sleep(0.01)
+        waiting[0].cancel()  # one client gives up: the look-up goes on for the rest
+        return await asyncio.gather(*waiting[1:])
+
+    assert asyncio.run(scenario()) == [caller()] * 199
+    assert table.calls == [KNOWN]

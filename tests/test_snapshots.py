@@ -220,3 +220,35 @@ def test_statements_on_the_pool_have_the_deadline_server_side():
     assert snapshots.DEADLINE == 2
     assert async_to_sync(database_call)(show_and_close) == "2s"
     assert show() == "0"  # elsewhere (sweeps, exports, migrations) as long as they need
+
+
+def test_callers_that_find_nothing_loaded_wait_together_for_one_load(quick):
+    database = Database()
+    loaded = threading.Event()
+
+    def slow_load() -> object:
+        loaded.wait(0.1)
+        return database()
+
+    snapshot = Snapshot(slow_load)
+
+    async def burst() -> list:
+        return await asyncio.gather(*(snapshot.get() for _ in range(100)))
+
+    assert asyncio.run(burst()) == ["v1"] * 100
+    assert database.calls == 1
+    assert asyncio.run(burst()) == ["v1"] * 100  # loaded: from memory, in another event loop too
+    assert database.calls == 1
+
+
+def test_a_failed_shared_load_fails_every_caller_waiting_on_it(quick):
+    database = Database()
+    database.state = "down"
+    snapshot = Snapshot(database)
+
+    async def burst() -> list:
+        return await asyncio.gather(*(snapshot.get() for _ in range(20)), return_exceptions=True)
+
+    outcomes = asyncio.run(burst())
+    assert all(isinstance(outcome, DatabaseUnavailable) for outcome in outcomes)
+    assert database.calls == 1
