@@ -268,8 +268,9 @@ class ApiHandler(ASGIHandler):
 
 
 def settle_collector(work: asyncio.Future) -> None:
-    """After a process's first API request (hopbase.collector)."""
-    if not collector.settled:
+    """After a process's first API request, unless many are open
+    (hopbase.collector)."""
+    if not collector.settled and lifecycle.process.open_requests() <= collector.QUIET:
         collector.settle()
 
 

@@ -1,6 +1,10 @@
 """The garbage collector, set for a gateway process (hopbase.asgi calls
 ``settle()`` once, when the process's first API request is done: by then
 it has loaded what serving needs, and only a process that serves is set).
+Not in the middle of a burst, though (more than ``QUIET`` requests open):
+that collection would walk every request in flight and freeze them all; a
+process started into 5,000 streams spent seconds in it. It waits for a
+request that ends with the process quieter.
 
 A gateway process holds some 120,000 objects once Django, the apps and
 their libraries are loaded, and keeps nearly all of them for its life. Left
@@ -18,6 +22,7 @@ from __future__ import annotations
 import gc
 
 YOUNG_THRESHOLD = 10_000
+QUIET = 8
 settled = False
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 
-from hopbase import collector
+from hopbase import asgi, collector, lifecycle
 
 
 def test_settling_freezes_what_is_loaded_and_raises_the_young_threshold():
@@ -22,3 +22,15 @@ def test_settling_freezes_what_is_loaded_and_raises_the_young_threshold():
         gc.set_threshold(*thresholds)
         if frozen == 0:
             gc.unfreeze()  # as the test process was
+
+
+def test_a_process_settles_after_a_request_that_ends_in_quiet_not_in_the_middle_of_a_burst(monkeypatch):
+    settled = []
+    monkeypatch.setattr(collector, "settled", False)
+    monkeypatch.setattr(collector, "settle", lambda: settled.append(True))
+    monkeypatch.setattr(lifecycle.process, "open_requests", lambda: 5_000)
+    asgi.settle_collector(None)
+    assert settled == []  # it would walk, and freeze, all 5,000
+    monkeypatch.setattr(lifecycle.process, "open_requests", lambda: collector.QUIET)
+    asgi.settle_collector(None)
+    assert settled == [True]
