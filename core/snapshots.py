@@ -30,6 +30,7 @@ from any event loop (tests run several).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -118,18 +119,29 @@ def stale_max_age() -> float:
 
 class Flights(Generic[K, T]):
     """Calls for the same key at the same time share one: the first starts
-    it, the others wait for its result (or its error). A caller that gives
-    up (cancelled) leaves it running for the rest."""
+    it, the others wait for its result (or its error: the same exception
+    object, raised in each). A caller that gives up (cancelled) leaves it
+    running for the rest, and to its end when all of them give up."""
 
     def __init__(self) -> None:
         self._flying: dict[K, asyncio.Future[T]] = {}
 
     async def run(self, key: K, call: Callable[[], Awaitable[T]]) -> T:
         flight = self._flying.get(key)
-        if flight is None or flight.get_loop() is not asyncio.get_running_loop():
+        if not self._under_way(flight):
             flight = self._flying[key] = asyncio.ensure_future(call())
-            flight.add_done_callback(lambda done: self._landed(key, done))
+            flight.add_done_callback(functools.partial(self._landed, key))
         return await asyncio.shield(flight)
+
+    def busy(self, key: K) -> bool:
+        """Whether a call for ``key`` is under way on this event loop (from
+        the moment it is asked for, before it has taken a step)."""
+        return self._under_way(self._flying.get(key))
+
+    @staticmethod
+    def _under_way(flight: asyncio.Future[T] | None) -> bool:
+        # One of a loop closed before it ended is never waited for.
+        return flight is not None and not flight.done() and flight.get_loop() is asyncio.get_running_loop()
 
     def _landed(self, key: K, flight: asyncio.Future[T]) -> None:
         if self._flying.get(key) is flight:
@@ -147,23 +159,22 @@ class Snapshot(Generic[T]):
         self._loaded = False
         self._loaded_at = 0.0
         self._expires = 0.0
-        self._loading = False
 
     async def get(self) -> T:
         now = time.monotonic()
         if self._loaded:
             if now < self._expires:
                 return self._value  # type: ignore[return-value]
-            if self._usable(now) and (self._loading or not database.up):
+            refreshing = self._flights.busy(None)
+            if self._usable(now) and (refreshing or not database.up):
                 # Another caller is refreshing it, or the database is down:
                 # the last known value, at once.
-                if not self._loading and database.due():
+                if not refreshing and database.due():
                     in_background(self._refresh_quietly())
                 return self._value  # type: ignore[return-value]
         return await self._flights.run(None, self._refresh)
 
     async def _refresh(self) -> T:
-        self._loading = True
         try:
             value = await database_call(self._loader)
         except DatabaseUnavailable:
@@ -178,8 +189,6 @@ class Snapshot(Generic[T]):
             log.exception("could not refresh %s; keeping the previous value", self._name)
             self._expires = time.monotonic() + settings.HOPBASE_CONFIG_TTL
             return self._value  # type: ignore[return-value]
-        finally:
-            self._loading = False
         self._value, self._loaded = value, True
         self._loaded_at = time.monotonic()
         self._expires = self._loaded_at + settings.HOPBASE_CONFIG_TTL
@@ -187,7 +196,7 @@ class Snapshot(Generic[T]):
 
     async def _refresh_quietly(self) -> None:
         try:
-            await self._refresh()
+            await self._flights.run(None, self._refresh)
         except Exception:
             pass  # the database is still down: the next probe tells
 

@@ -69,6 +69,7 @@ class Sender:
         self.started = False
         self.too_slow = None  # the stream's hook, once its response exists
         self.unsent = None
+        self.max_unsent = 0
 
     def watch(self, too_slow) -> None:
         """Call ``too_slow`` once when the client falls too far behind."""
@@ -87,7 +88,7 @@ class Sender:
         if self.too_slow is not None and message.get("more_body"):
             try:
                 behind = self.unsent() > self.max_unsent
-            except (AttributeError, RuntimeError):  # the connection is gone
+            except (AttributeError, RuntimeError, TypeError):  # a transport closed, or not as expected
                 return
             if behind:
                 too_slow, self.too_slow = self.too_slow, None
@@ -197,7 +198,8 @@ class ApiHandler(ASGIHandler):
         ]
         headers += [(b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in response.cookies.values()]
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        async with aclosing(getattr(response, "parts", None) or response.streaming_content) as content:
+        parts = getattr(response, "parts", None)
+        async with aclosing(response.streaming_content if parts is None else parts) as content:
             async for part in content:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})
@@ -268,10 +270,9 @@ class ApiHandler(ASGIHandler):
 
 
 def settle_collector(work: asyncio.Future) -> None:
-    """After a process's first API request, unless many are open
-    (hopbase.collector)."""
-    if not collector.settled and lifecycle.process.open_requests() <= collector.QUIET:
-        collector.settle()
+    """After a process's first API requests (hopbase.collector)."""
+    if not collector.settled:
+        collector.request_ended(lifecycle.process.open_requests())
 
 
 @functools.lru_cache(maxsize=1024)

@@ -130,7 +130,6 @@ class KeyCache:
         self._refused_since = refused_since
         self._known: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._unknown: OrderedDict[str, Entry] = OrderedDict()
-        self._refreshing: set[str] = set()
         # A key asked for by many requests at once is looked up once.
         self._lookups: Flights[str, Caller | None] = Flights()
 
@@ -160,10 +159,11 @@ class KeyCache:
             if now < entry.expires:
                 return entry.caller
             usable = now - entry.loaded_at <= stale_max_age()
-            if usable and (digest in self._refreshing or not database.up):
+            refreshing = self._lookups.busy(digest)
+            if usable and (refreshing or not database.up):
                 # Being refreshed by another request, or the database is
                 # down: what was last known, at once.
-                if digest not in self._refreshing and database.due():
+                if not refreshing and database.due():
                     in_background(self._refresh_quietly(secret, digest))
                 return entry.caller if database.up else await self._stale(digest, entry)
         try:
@@ -214,11 +214,7 @@ class KeyCache:
         return await self._lookups.run(digest, lambda: self._look_up(secret, digest))
 
     async def _look_up(self, secret: str, digest: str) -> Caller | None:
-        self._refreshing.add(digest)
-        try:
-            caller = await database_call(self._load, secret)
-        finally:
-            self._refreshing.discard(digest)
+        caller = await database_call(self._load, secret)
         self._store(digest, caller)
         return caller
 

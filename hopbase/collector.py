@@ -4,7 +4,8 @@ it has loaded what serving needs, and only a process that serves is set).
 Not in the middle of a burst, though (more than ``QUIET`` requests open):
 that collection would walk every request in flight and freeze them all; a
 process started into 5,000 streams spent seconds in it. It waits for a
-request that ends with the process quieter.
+request that ends with the process quieter, or for ``PATIENCE`` requests
+to have ended (a process that is never quiet is set all the same).
 
 A gateway process holds some 120,000 objects once Django, the apps and
 their libraries are loaded, and keeps nearly all of them for its life. Left
@@ -23,7 +24,18 @@ import gc
 
 YOUNG_THRESHOLD = 10_000
 QUIET = 8
+PATIENCE = 1_000
 settled = False
+ended = 0
+
+
+def request_ended(open_requests: int) -> None:
+    """An API request ended, ``open_requests`` still open: settle now if
+    it is time."""
+    global ended
+    ended += 1
+    if not settled and (open_requests <= QUIET or ended >= PATIENCE):
+        settle()
 
 
 def settle() -> None:

@@ -398,3 +398,24 @@ def test_a_burst_of_requests_with_a_key_this_process_has_not_seen_looks_it_up_on
 
     assert asyncio.run(scenario()) == [caller()] * 199
     assert table.calls == [KNOWN]
+
+
+def test_while_one_request_refreshes_a_key_the_others_get_the_copy_at_once_even_in_the_same_pass(quick):
+    table = Keys()
+    slow = threading.Event()
+    cache = KeyCache(lambda secret: (slow.wait(0.3) if table.calls else None, table(secret))[1])
+
+    async def scenario() -> list[float]:
+        assert await cache.authenticate(KNOWN) == caller()
+        await asyncio.sleep(0.06)  # past the TTL
+
+        async def timed() -> float:
+            started = time.monotonic()
+            assert await cache.authenticate(KNOWN) == caller()
+            return time.monotonic() - started
+
+        return await asyncio.gather(*(timed() for _ in range(10)))
+
+    waits = asyncio.run(scenario())
+    assert sum(waited < 0.1 for waited in waits) == 9  # only the refreshing one waits
+    assert len(table.calls) == 2

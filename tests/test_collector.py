@@ -27,10 +27,23 @@ def test_settling_freezes_what_is_loaded_and_raises_the_young_threshold():
 def test_a_process_settles_after_a_request_that_ends_in_quiet_not_in_the_middle_of_a_burst(monkeypatch):
     settled = []
     monkeypatch.setattr(collector, "settled", False)
+    monkeypatch.setattr(collector, "ended", 0)
     monkeypatch.setattr(collector, "settle", lambda: settled.append(True))
     monkeypatch.setattr(lifecycle.process, "open_requests", lambda: 5_000)
     asgi.settle_collector(None)
     assert settled == []  # it would walk, and freeze, all 5,000
     monkeypatch.setattr(lifecycle.process, "open_requests", lambda: collector.QUIET)
     asgi.settle_collector(None)
+    assert settled == [True]
+
+
+def test_a_process_that_is_never_quiet_settles_all_the_same(monkeypatch):
+    settled = []
+    monkeypatch.setattr(collector, "settled", False)
+    monkeypatch.setattr(collector, "ended", 0)
+    monkeypatch.setattr(collector, "settle", lambda: settled.append(True))
+    for _ in range(collector.PATIENCE - 1):
+        collector.request_ended(open_requests=500)
+    assert settled == []
+    collector.request_ended(open_requests=500)
     assert settled == [True]

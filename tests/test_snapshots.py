@@ -252,3 +252,26 @@ def test_a_failed_shared_load_fails_every_caller_waiting_on_it(quick):
     outcomes = asyncio.run(burst())
     assert all(isinstance(outcome, DatabaseUnavailable) for outcome in outcomes)
     assert database.calls == 1
+
+
+def test_while_one_caller_refreshes_a_stale_value_the_others_get_it_at_once_even_in_the_same_pass(quick):
+    database = Database()
+    snapshot = Snapshot(database)
+    get(snapshot)
+    time.sleep(0.06)  # past the TTL
+    database.value = "v2"
+    slow = threading.Event()
+    loader = snapshot._loader
+    snapshot._loader = lambda: (slow.wait(0.3), loader())[1]
+
+    async def burst() -> list[tuple[object, float]]:
+        async def timed() -> tuple[object, float]:
+            started = time.monotonic()
+            return await snapshot.get(), time.monotonic() - started
+
+        return await asyncio.gather(*(timed() for _ in range(10)))
+
+    outcomes = asyncio.run(burst())
+    assert outcomes[0][0] == "v2"  # the one that refreshed it
+    assert [value for value, _ in outcomes[1:]] == ["v1"] * 9
+    assert all(waited < 0.1 for _, waited in outcomes[1:])
