@@ -10,6 +10,7 @@ import asyncio
 import socket
 import time
 
+import httpx
 import pytest
 
 from channels_pool.http_client import UpstreamResponseHandler, new_client
@@ -104,6 +105,19 @@ async def read_all(attempt: Attempt) -> list:
             return items
 
 
+async def past_its_first_event(answer) -> tuple[Server, httpx.AsyncClient, Attempt]:
+    """An attempt against a server answering ``answer``, read up to its
+    first event (``EVENT``)."""
+    server = Server(answer)
+    url = await server.start()
+    http = new_client()
+    attempt = start(http, url)
+    assert await attempt.next(5) is Signal.OPENED
+    first = await attempt.next(5)
+    assert isinstance(first, Event) and first.raw == EVENT
+    return server, http, attempt
+
+
 def one_attempt(answer) -> list:
     """Everything one attempt yields against a server answering ``answer``."""
 
@@ -148,12 +162,7 @@ def test_a_cut_mid_stream_is_an_interruption():
 
 def test_a_hang_up_closes_the_upstream_connection_at_once():
     async def scenario():
-        server = Server(one_event_then_silence)
-        url = await server.start()
-        http = new_client()
-        attempt = start(http, url)
-        assert await attempt.next(5) is Signal.OPENED
-        assert isinstance(await attempt.next(5), Event)
+        server, http, attempt = await past_its_first_event(one_event_then_silence)
         hung_up = time.monotonic()
         attempt.end()  # not completed: the client went away
         for _ in range(100):
@@ -336,12 +345,7 @@ def test_waits_ended_early_by_their_deadline_or_wake_lose_nothing_of_the_body():
     # The relay's waits end at its clocks and at a drain's word, while the
     # channel's bytes keep arriving: none may be lost or left behind.
     async def scenario():
-        server = Server(events_apart)
-        url = await server.start()
-        http = new_client()
-        attempt = start(http, url)
-        assert await attempt.next(5) is Signal.OPENED
-        assert (await attempt.next(5)).raw == EVENT
+        _, http, attempt = await past_its_first_event(events_apart)
         ended = [await attempt.next(0.02), await attempt.next(0.02)]  # by their deadline
         asyncio.get_running_loop().call_later(0.02, attempt.wake)
         ended.append(await attempt.next(5))  # by wake()
@@ -364,12 +368,7 @@ def test_a_wait_on_the_body_cancelled_from_outside_is_cancelled_not_timed_out():
     # reach the relay as a cancellation, even when a deadline ends the wait
     # at the same moment.
     async def scenario():
-        server = Server(one_event_then_silence)
-        url = await server.start()
-        http = new_client()
-        attempt = start(http, url)
-        assert await attempt.next(5) is Signal.OPENED
-        assert isinstance(await attempt.next(5), Event)
+        _, http, attempt = await past_its_first_event(one_event_then_silence)
         reader = asyncio.create_task(attempt.next(30))
         await asyncio.sleep(0.01)
         attempt.wake()  # ended early and cancelled from outside, together
