@@ -271,8 +271,7 @@ class ApiHandler(ASGIHandler):
 
 def settle_collector(work: asyncio.Future) -> None:
     """After a process's first API requests (hopbase.collector)."""
-    if not collector.settled:
-        collector.request_ended(lifecycle.process.open_requests())
+    collector.request_ended(lifecycle.process.open_requests())
 
 
 @functools.lru_cache(maxsize=1024)

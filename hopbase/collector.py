@@ -1,7 +1,7 @@
-"""The garbage collector, set for a gateway process (hopbase.asgi calls
-``settle()`` once, when the process's first API request is done: by then
-it has loaded what serving needs, and only a process that serves is set).
-Not in the middle of a burst, though (more than ``QUIET`` requests open):
+"""The garbage collector, set for a gateway process (``settle()``, once,
+when the process's first API request is done, as hopbase.asgi tells
+``request_ended``: by then it has loaded what serving needs, and only a
+process that serves is set). Not in the middle of a burst, though (more than ``QUIET`` requests open):
 that collection would walk every request in flight and freeze them all; a
 process started into 5,000 streams spent seconds in it. It waits for a
 request that ends with the process quieter, or for ``PATIENCE`` requests
