@@ -302,7 +302,7 @@ class Attempt:
         if not self._items:
             if timeout <= 0:
                 return Signal.TIMEOUT
-            loop = asyncio.get_running_loop()
+            loop = self._loop
             deadline = loop.time() + timeout
             # One timer serves many waits: the reader's deadlines (keep-alive,
             # stall) move later with every event, so a timer due no later

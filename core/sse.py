@@ -86,30 +86,36 @@ class Event:
     def json(self) -> object:
         """The data parsed as JSON, or None when it is not JSON."""
         parsed = self._json
-        if parsed is _UNSET:
-            self._json = parsed = self._parse_json()
-        return parsed
-
-    def _parse_json(self) -> object:
+        if parsed is not _UNSET:
+            return parsed
         data = self._data
         if data is None:
             data = self._parse()
         # OpenAI's end marker looks like an array; failed parses cost far
         # more than this comparison.
         if data[:1] not in (b"{", b"[") or data == b"[DONE]":
-            return None
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            if data.isascii():
-                return None  # no invalid UTF-8 to blame: not JSON
-        try:  # invalid UTF-8 inside: read as replacement characters
-            return orjson.loads(data.decode("utf-8", "replace"))
-        except orjson.JSONDecodeError:
-            return None
+            parsed = None
+        else:
+            try:
+                parsed = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                parsed = _lenient_json(data)
+        self._json = parsed
+        return parsed
 
     def __repr__(self) -> str:
         return f"Event({self.raw!r})"
+
+
+def _lenient_json(data: bytes) -> object:
+    """JSON that orjson refused: parsed again with invalid UTF-8 read as
+    replacement characters, or None when it is not JSON at all."""
+    if data.isascii():
+        return None  # no invalid UTF-8 to blame: not JSON
+    try:
+        return orjson.loads(data.decode("utf-8", "replace"))
+    except orjson.JSONDecodeError:
+        return None
 
 
 class EventSplitter:
@@ -137,7 +143,11 @@ class EventSplitter:
 
     def feed(self, chunk: bytes) -> list[Event]:
         held = self._buffer
-        if self._plain and b"\r" not in chunk:
+        if not held and 0 < chunk.find(b"\n\n") == len(chunk) - 2 and chunk[0] != 0x0A and b"\r" not in chunk:
+            # One whole event, nothing before it (a provider writing its
+            # tokens as they come): what every read of a paced stream is.
+            return [Event(chunk)]
+        if self._plain and chunk[0] != 0x0A and b"\r" not in chunk:
             return self._feed_lf(chunk)
         if held:
             held += chunk

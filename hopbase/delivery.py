@@ -52,8 +52,12 @@ async def stream(run: Run, committed: Committed) -> AsyncIterator[bytes]:
         # event (the bytes are the same; keep-alives still fall only
         # between whole events).
         out: list[bytes] = []
+        # Looked up once: the loop below runs for every event.
+        ready, next_item, buffered_event = attempt.ready, attempt.next, attempt.buffered_event
+        mark_of, client_bytes = watcher.mark, watcher.client_bytes
+        drain_deadline = run.relay.drain.deadline
         while True:
-            if out and not attempt.ready():
+            if out and not ready():
                 yield b"".join(out)
                 out.clear()
                 last_to_client = now
@@ -63,12 +67,37 @@ async def stream(run: Run, committed: Committed) -> AsyncIterator[bytes]:
                 yield _end(run, ending, pending=out)
                 return
             stall_at = last_from_channel + stall
-            wake_at = min(stall_at, last_to_client + keepalive)
-            drain_at = run.relay.drain.deadline()
-            if drain_at is not None:
-                wake_at = min(wake_at, drain_at)
-            item = await attempt.next(wake_at - loop.time())
+            wake_at = last_to_client + keepalive
+            if stall_at < wake_at:
+                wake_at = stall_at
+            drain_at = drain_deadline()
+            if drain_at is not None and drain_at < wake_at:
+                wake_at = drain_at
+            item = await next_item(wake_at - loop.time())
             now = loop.time()
+            if isinstance(item, Event):
+                last_from_channel = now
+                # This event and the others the same read carried, in one
+                # go (the clocks above need no second look).
+                event: Event | None = item
+                while event is not None:
+                    mark = mark_of(event)
+                    # Most events neither end the stream nor are its first content.
+                    if mark & ENDING or (mark & Mark.CONTENT and run.ttft_ms is None):
+                        ending = _ends_at(run, mark, committed)
+                        if ending is not None:
+                            last = None
+                            if ending.status is Status.COMPLETED:
+                                last = client_bytes(event) + watcher.end_of_stream()
+                            yield _end(run, ending, last, pending=out)
+                            return
+                    if not mark & Mark.DROP:
+                        out.append(client_bytes(event))
+                    event = buffered_event()
+                if now >= next_journal:
+                    run.relay.recorder.progress(run.in_flight())
+                    next_journal = now + JOURNAL_EVERY
+                continue
             match item:
                 case Signal.TIMEOUT:
                     ending = _timed_out(run, now, drain_at, stall_at)
@@ -83,26 +112,6 @@ async def stream(run: Run, committed: Committed) -> AsyncIterator[bytes]:
                 case Signal.END | UpstreamFailure():
                     yield _end(run, _ended_early(run, item, attempt), pending=out)
                     return
-                case _:
-                    last_from_channel = now
-                    # This event and the others the same read carried,
-                    # in one go (the clocks above need no second look).
-                    event: Event | None = item
-                    while event is not None:
-                        mark = watcher.mark(event)
-                        ending = _ends_at(run, mark, committed)
-                        if ending is not None:
-                            last = None
-                            if ending.status is Status.COMPLETED:
-                                last = watcher.client_bytes(event) + watcher.end_of_stream()
-                            yield _end(run, ending, last, pending=out)
-                            return
-                        if not mark & Mark.DROP:
-                            out.append(watcher.client_bytes(event))
-                        event = attempt.buffered_event()
-                    if now >= next_journal:
-                        run.relay.recorder.progress(run.in_flight())
-                        next_journal = now + JOURNAL_EVERY
     finally:
         run.finish(run.ending.status)
 
@@ -141,7 +150,9 @@ async def _assembled(run: Run, committed: Committed) -> Ending:
         nonlocal ending, fault
         try:
             mark = watcher.mark(event)
-            found = _ends_at(run, mark, committed)
+            found = None
+            if mark & ENDING or (mark & Mark.CONTENT and run.ttft_ms is None):
+                found = _ends_at(run, mark, committed)
             if found is None:
                 if not mark & Mark.DROP:
                     watcher.client_bytes(event)
@@ -182,6 +193,9 @@ async def _assembled(run: Run, committed: Committed) -> Ending:
             case Signal.END | UpstreamFailure():
                 return _ended_early(run, item, attempt)
     return ending
+
+
+ENDING = Mark.ERROR | Mark.TERMINAL
 
 
 def _ends_at(run: Run, mark: int, committed: Committed) -> Ending | None:

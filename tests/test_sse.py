@@ -141,3 +141,21 @@ def test_any_stream_in_any_chunks_splits_as_the_rules_say(seed: int) -> None:
     events = [event.raw for chunk in chunks for event in splitter.feed(chunk)]
     events += [event.raw for event in splitter.finish()]
     assert events == reference_split(stream)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_stream_read_one_event_at_a_time_or_in_short_reads_splits_as_the_rules_say(seed: int) -> None:
+    # A provider writing each token as it comes: every read one whole event
+    # (the splitter's shortcut), or short reads of up to twelve bytes around them.
+    rng = random.Random(seed)
+    pieces = PIECES if seed % 2 else PIECES[:7]
+    stream = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+    expected = reference_split(stream)
+    short, at = [], 0
+    while at < len(stream):
+        short.append(stream[at : at + rng.randint(1, 12)])
+        at += len(short[-1])
+    for chunks in (expected, short):
+        splitter = EventSplitter()
+        events = [event.raw for chunk in chunks for event in splitter.feed(chunk)]
+        assert events + [event.raw for event in splitter.finish()] == expected

@@ -72,11 +72,9 @@ class ChatWatcher(StreamWatcher):
         self.usage_obj: dict[str, Any] | None = None
 
     def mark(self, event: Event) -> int:
-        if event.data_bytes == b"[DONE]":
-            return Mark.TERMINAL
         chunk = event.json
         if not isinstance(chunk, dict):
-            return Mark.PREAMBLE
+            return Mark.TERMINAL if event.data_bytes == b"[DONE]" else Mark.PREAMBLE
         if "error" in chunk:
             self.busy_error = openai_error_is_busy(chunk["error"])
             return Mark.ERROR
