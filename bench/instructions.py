@@ -8,9 +8,11 @@ Debian's ``valgrind``)::
     .venv/bin/python bench/instructions.py OLD [NEW] [--requests N]
                                            [--concurrency C] [--tokens T]
                                            [--pace SECONDS] [--stream]
+                                           [--server daphne|uvicorn]
 
 OLD and NEW are checkouts of the project (NEW defaults to this one), e.g.
 ``git worktree add /tmp/old HEAD~3``. Each is served by one Daphne process
+(with ``--server uvicorn``, one worker of ``manage.py serve``)
 run under callgrind (about 50 times slower), on a SQLite database of its
 own made with ``migrate`` and ``demo``, against one upstream simulator; after
 40 warm-up calls the counters are zeroed, N non-stream Chat requests of T
@@ -49,6 +51,7 @@ import httpx  # noqa: E402
 
 from bench.measure import Samples, Target, chat_body, interleaved  # noqa: E402
 from bench.processes import ROOT, Child, free_port, gateway_env, manage  # noqa: E402
+from hopbase.management.commands.serve import listening_sockets  # noqa: E402
 
 WARM_UP = 40
 UNDER_CALLGRIND_START = 300.0  # seconds for Django and Daphne to start, 50 times slower
@@ -92,11 +95,22 @@ def measure(name: str, checkout: Path, sim_url: str, env: dict[str, str], tmp: P
     manage(["migrate", "--verbosity", "0"], env, cwd=checkout)
     key = manage(["demo", "--simulator-url", sim_url, "--gateway-url", url], env, cwd=checkout).splitlines()[3].strip()
     out = tmp / f"callgrind.{name}"
-    daphne = [sys.executable, str(Path(sys.executable).parent / "daphne")]
-    child = Child(name, ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no",
-                         "--separate-threads=yes",
-                         *daphne, "-v", "0", "-e", f"tcp:port={port}:interface=127.0.0.1", "hopbase.asgi:application"],
-                  env, tmp, cwd=checkout)
+    valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", "--dump-instr=no",
+                "--separate-threads=yes"]
+    if args.server == "uvicorn":
+        # One of serve's workers (hopbase.serve_worker) on a socket made as
+        # serve makes them.
+        listener = listening_sockets("127.0.0.1", port, 1)[0]
+        fd = listener.fileno()
+        try:
+            child = Child(name, [*valgrind, sys.executable, "-m", "hopbase.serve_worker", "--fd", str(fd)],
+                          env, tmp, cwd=checkout, pass_fds=(fd,))
+        finally:
+            listener.close()
+    else:
+        daphne = [sys.executable, str(Path(sys.executable).parent / "daphne")]
+        child = Child(name, [*valgrind, *daphne, "-v", "0", "-e", f"tcp:port={port}:interface=127.0.0.1",
+                             "hopbase.asgi:application"], env, tmp, cwd=checkout)
     try:
         child.wait_ready(url + "/healthz", within=UNDER_CALLGRIND_START)
         target = Target(name, url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
@@ -125,6 +139,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=50, help="tokens of each non-stream answer")
     parser.add_argument("--pace", type=float, default=0.0, help="seconds between the simulator's tokens")
     parser.add_argument("--stream", action="store_true", help="streamed answers, not whole ones")
+    parser.add_argument("--server", choices=("daphne", "uvicorn"), default="daphne",
+                        help="plain daphne, or one worker of manage.py serve (uvicorn)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -151,8 +167,9 @@ def main() -> int:
             print(f"[instructions] {name} measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
         paced = f" (tokens {args.pace} s apart)" if args.pace else ""
         kind = "streamed" if args.stream else "non-stream"
+        server = "plain daphne" if args.server == "daphne" else "one serve worker (uvicorn)"
         print(f"{args.requests} {kind} Chat requests of {args.tokens} tokens{paced}, {args.concurrency} at a time,"
-              " each checkout's gateway under callgrind:\n")
+              f" each checkout's gateway ({server}) under callgrind:\n")
         print("| checkout | commit | event loop, per request | against old | all threads | against old |")
         print("|---|---|---:|---:|---:|---:|")
         old_loop, old_all = results[0][2]

@@ -37,6 +37,9 @@ from hopbase.run import new_request_id
 REQUEST_ID_HEADER = "x-hopbase-request-id"
 SPOOL_FULL_MESSAGE = "The gateway cannot record requests right now. Please retry shortly."
 SPOOL_FULL_RETRY_AFTER = 10
+# A byte value, not b"_": on Python 3.11 a bytes needle makes "in" raise and
+# clear a TypeError before it searches (core.sse says more).
+UNDERSCORE = ord("_")
 # Requests with an unknown key are counted (per process), not logged (P8).
 _unknown_keys = 0
 
@@ -102,7 +105,7 @@ def client_headers(request: HttpRequest) -> dict[str, str]:
         return {name.lower(): value for name, value in request.headers.items()}
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope.get("headers", ()):
-        if b"_" in raw_name:
+        if UNDERSCORE in raw_name:
             continue
         name, value = raw_name.decode("latin1").lower(), raw_value.decode("latin1")
         headers[name] = f"{headers[name]},{value}" if name in headers else value
