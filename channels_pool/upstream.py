@@ -1,10 +1,7 @@
 """Talking to a channel: ``Attempt``, one upstream request read by its own
-task into a queue (over the client of ``channels_pool.http_client``).
-
-The relay never awaits the httpx iterator directly: cancelling a
-``wait_for`` around ``__anext__`` would close it. Reading in a separate task
-lets the relay time keep-alives, stalls and the hold with plain queue waits,
-and ending an attempt (cancelling its task) hangs up on the channel at once.
+task into a queue (over the client of ``channels_pool.http_client``), so
+that the relay times keep-alives, stalls and the hold with plain waits, and
+ending an attempt (cancelling its task) hangs up on the channel at once.
 
 An answer the client takes whole (F4) need not wake the relay for every
 read: ``consume()`` has the reading task hand each event to the relay's
@@ -61,6 +58,8 @@ KEPT_HEADERS = frozenset(name.encode() for name in PROVIDER_REQUEST_ID_HEADERS)
 MAX_DETAIL = 300
 # Takes an event as it is read; True keeps it (and what follows) for next().
 Consumer = Callable[[Event], bool]
+# What the pump reads, as a tuple (``bytes | Event`` is a new object each time).
+READ = (bytes, Event)
 
 
 class Signal(enum.Enum):
@@ -227,7 +226,7 @@ class Attempt:
         self._put(Signal.END)
 
     def _put(self, item: bytes | Event | Signal | UpstreamFailure) -> None:
-        if isinstance(item, bytes | Event):
+        if isinstance(item, READ):
             if self._take is not None:
                 self.read_at = self._loop.time()
                 self._hand_over(item)
@@ -250,7 +249,7 @@ class Attempt:
         if self._offer(events):
             return
         items = self._items
-        while self._take is not None and items and isinstance(items[0], bytes | Event):
+        while self._take is not None and items and isinstance(items[0], READ):
             item = items.popleft()
             if isinstance(item, bytes):
                 self._unread -= len(item)
@@ -334,8 +333,9 @@ class Attempt:
                 return UpstreamFailure("cut", self.status)
             if not events:
                 return Signal.PROGRESS
-            self._events.extend(events)
-            return self._events.popleft()
+            if len(events) > 1:  # one read, one event: as a paced stream has
+                self._events.extend(events[1:])
+            return events[0]
         if item is Signal.END:
             # A last event the channel never terminated with a blank line.
             try:

@@ -168,7 +168,9 @@ class ApiHandler(ASGIHandler):
         taken_back = False
         try:
             response = await self.run_get_response(request)
-            send.watch(getattr(response, "too_slow", None))
+            # (A whole answer has no hook: asked for one, it would raise and
+            # catch an AttributeError.)
+            send.watch(getattr(response, "too_slow", None) if response.streaming else None)
             await self.send_response(response, send)
         except asyncio.CancelledError:
             # The listener's cancel (the client left, while the view ran or
