@@ -24,7 +24,7 @@ import functools
 import io
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from contextlib import aclosing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hopbase.settings")
@@ -85,22 +85,14 @@ class Sender:
                 if not any(name.lower() == b"connection" for name, _ in headers):
                     message = {**message, "headers": [*headers, (b"connection", b"close")]}
         await self.send(message)
-
-    async def send_parts(self, parts: AsyncIterator[bytes]) -> None:
-        """Each of ``parts`` as a body message of its own, as they come (a
-        stream's events), straight to the server's ``send`` (no layer of
-        this one's per event); the client's lag looked at after each."""
-        send = self.send
-        async for part in parts:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
-            if self.too_slow is not None:
-                try:
-                    behind = self.unsent() > self.max_unsent
-                except (AttributeError, RuntimeError, TypeError):  # a transport closed, or not as expected
-                    continue
-                if behind:
-                    too_slow, self.too_slow = self.too_slow, None
-                    too_slow()
+        if self.too_slow is not None and message.get("more_body"):
+            try:
+                behind = self.unsent() > self.max_unsent
+            except (AttributeError, RuntimeError, TypeError):  # a transport closed, or not as expected
+                return
+            if behind:
+                too_slow, self.too_slow = self.too_slow, None
+                too_slow()
 
 
 class ApiHandler(ASGIHandler):
@@ -193,7 +185,7 @@ class ApiHandler(ASGIHandler):
         if listener.done() and not listener.cancelled() and not isinstance(listener.exception(), RequestAborted):
             listener.result()
 
-    async def send_response(self, response, send: Sender) -> None:
+    async def send_response(self, response, send) -> None:
         """Django's, but a stream's parts go out as they come: one ASGI
         message per relayed event, without Django's two extra generator
         layers and re-chunking (each costs more per event than the event's
@@ -210,7 +202,8 @@ class ApiHandler(ASGIHandler):
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
         parts = getattr(response, "parts", None)
         async with aclosing(response.streaming_content if parts is None else parts) as content:
-            await send.send_parts(content)
+            async for part in content:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body"})
 
     async def read_body(self, receive) -> io.BytesIO:
