@@ -49,6 +49,10 @@ def test_a_client_that_stops_reading_has_its_stream_ended_not_buffered(world, se
 
 
 def read_all(sock: socket.socket) -> bytes:
+    # What the server's kernel still holds (megabytes under uvicorn) is read
+    # through a wide window: through the 4 KB one that made the client slow,
+    # a loaded machine's zero-window probes can take minutes.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.settimeout(30)
     chunks = []
     while chunk := sock.recv(1 << 20):
