@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0
+# ``_ends_at`` has work only for an event marked with one of these, or for
+# content while the first is still awaited (F7). Both loops below test
+# ``mark & ENDING or (mark & Mark.CONTENT and run.ttft_ms is None)`` inline
+# before calling it: the test runs for every event, the call would too.
+ENDING = Mark.ERROR | Mark.TERMINAL
 
 
 async def stream(run: Run, committed: Committed) -> AsyncIterator[bytes]:
@@ -82,7 +87,6 @@ async def stream(run: Run, committed: Committed) -> AsyncIterator[bytes]:
                 event: Event | None = item
                 while event is not None:
                     mark = mark_of(event)
-                    # Most events neither end the stream nor are its first content.
                     if mark & ENDING or (mark & Mark.CONTENT and run.ttft_ms is None):
                         ending = _ends_at(run, mark, committed)
                         if ending is not None:
@@ -193,9 +197,6 @@ async def _assembled(run: Run, committed: Committed) -> Ending:
             case Signal.END | UpstreamFailure():
                 return _ended_early(run, item, attempt)
     return ending
-
-
-ENDING = Mark.ERROR | Mark.TERMINAL
 
 
 def _ends_at(run: Run, mark: int, committed: Committed) -> Ending | None:
