@@ -12,6 +12,9 @@ import httpx
 from httpx_aiohttp import AiohttpTransport
 
 UPSTREAM = os.environ.get("BENCH_FLOOR_UPSTREAM", "http://127.0.0.1:8901")
+# Upstream connections at once: raised for a burst of streams held open, as
+# the gateway's own pool is (HOPBASE_UPSTREAM_MAX_CONNECTIONS).
+MAX_CONNECTIONS = int(os.environ.get("BENCH_FLOOR_MAX_CONNECTIONS", "1000"))
 FORWARDED = (b"authorization", b"content-type", b"x-api-key", b"anthropic-version")
 clients: dict[int, httpx.AsyncClient] = {}
 
@@ -23,7 +26,7 @@ async def application(scope, receive, send):
     while more:
         message = await receive()
         body, more = body + message.get("body", b""), message.get("more_body", False)
-    limits = httpx.Limits(max_connections=1000)
+    limits = httpx.Limits(max_connections=MAX_CONNECTIONS)
     http = clients.get(0) or clients.setdefault(0, httpx.AsyncClient(
         transport=AiohttpTransport(limits=limits), timeout=httpx.Timeout(30, read=None)))
     headers = {k.decode(): v.decode() for k, v in scope["headers"] if k in FORWARDED}

@@ -74,12 +74,18 @@ runs HopBase), and ``manage.py serve --workers 2`` and ``--workers 1``
    Daphne, CPU per whole answer of 16 tokens (and ``serve`` against plain
    ``daphne``), CPU per paced stream of 200 events 1 ms apart (each a read
    of its own, 16 at once), and the latency each adds at C=1, p50 and p99;
+   then the same latency read by raw sockets, with the simulator's own
+   stream of the answer timed beside its body: the least that any gateway
+   reading the channel's stream (F4) adds;
 9. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
    once, how many of the upstream requests the simulator saw hung up on.
    Each stream costs two descriptors in its worker; above 2,000 streams the
-   upstream pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``) is raised to fit.
+   upstream pool (``HOPBASE_UPSTREAM_MAX_CONNECTIONS``, and the bare
+   relay's, ``BENCH_FLOOR_MAX_CONNECTIONS``) is raised to fit. Last of all,
+   the same burst over the bare relay on uvicorn in two processes: what the
+   stack and this machine allow any gateway.
 
 ``--py-spy PATH`` samples the gateway process with that py-spy binary (pip
 install it, it is not a project dependency) during measures 2-6 (in
@@ -131,6 +137,7 @@ from bench.targets import (
     PACED_STREAM,
     TRANSLATED_STREAM,
     measure_targets,
+    open_streams,
     serve_workers,
 )
 from hopbase.management.commands.serve import listening_sockets
@@ -187,6 +194,7 @@ def main() -> int:
     env = gateway_env(f"sqlite:///{tmp}/bench.sqlite3")
     if args.open_streams > 2000:
         env["HOPBASE_UPSTREAM_MAX_CONNECTIONS"] = str(args.open_streams + 100)
+        env["BENCH_FLOOR_MAX_CONNECTIONS"] = str(args.open_streams + 100)
     children: list[Child] = []
     profilers: list[Profiler] = []
     try:
@@ -293,6 +301,12 @@ def main() -> int:
                                               cpu_pids, TRANSLATED_MODEL, governed))
         on_each = {t.name: t for t in (served1, floor_uv, gateway, floor)}
         targets["servers"] = asyncio.run(measure_servers(args, on_each, direct, sim_url, cpu_pids))
+        if args.open_streams:
+            # Last: the bare relay leaves its upstream requests open (it does
+            # not pass the clients' leaving on) until it is stopped.
+            log(f"the same {args.open_streams} streams over the bare relay in two processes")
+            targets["open_floor"] = asyncio.run(open_streams(args.open_streams, floor2, sim_url, floor2_pids,
+                                                             hangs_up=False))
         if profiler is not None:
             profiler.stop()
         settings.append(f"duration:  {time.monotonic() - started:.1f} s of measuring")

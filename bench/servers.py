@@ -3,13 +3,27 @@ floor (bench/floor.py), in the same alternating rounds. Under uvicorn,
 ``manage.py serve --workers 1`` (hopbase.uvicorn_web) against the bare relay
 on uvicorn (bench/floor_uvicorn.py); under Daphne, plain ``daphne`` against
 the bare relay under ``daphne``: CPU per whole answer, CPU per paced stream
-(each event a read of its own) and the latency each adds at C=1."""
+(each event a read of its own) and the latency each adds at C=1, with the
+least that F4 lets any gateway add."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
-from bench.measure import NONSTREAM_DIRECTIVE, REQUEST_TIMEOUT, Samples, Target, call_whole, chat_body, interleaved, log
+from bench.measure import (
+    NONSTREAM_DIRECTIVE,
+    REQUEST_TIMEOUT,
+    RawCall,
+    Samples,
+    Target,
+    call_whole,
+    chat_body,
+    interleaved,
+    log,
+    raw_latencies,
+)
 from bench.targets import PACED_CONCURRENCY, cpu_rounds
 
 WHOLE = "[sim tokens=16]"  # the answer issue 31 was measured with
@@ -56,5 +70,15 @@ async def measure_servers(args, targets: dict[str, Target], direct: Target, sim_
             await call_whole(client, t, body, s)
 
         out["serial"] = await interleaved([*every, direct], max(200, args.requests // 2), 1, one_serial)
+        await client.delete(sim_url + "/_sim/records")
+        # F4: a gateway reads the channel's stream of the answer, which the
+        # simulator writes more slowly than the body the bare relay passes
+        # on; both timed by raw sockets, beside the relays.
+        log("issue 31: the same latency read by raw sockets, the simulator's stream of the answer beside its body")
+        raw = [RawCall("direct", direct.base, direct.chat_headers, body, b'"choices"'),
+               RawCall("direct stream", direct.base, direct.chat_headers,
+                       chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=True), b"[DONE]"),
+               *(RawCall(t.name, t.base, t.chat_headers, body, b'"choices"') for t in every)]
+        out["raw"] = await asyncio.to_thread(raw_latencies, raw, max(200, args.requests // 2))
         await client.delete(sim_url + "/_sim/records")
     return out

@@ -268,11 +268,14 @@ def serve_workers(serve_pid: int) -> list[int]:
         return [int(pid) for pid in f.read().split()]
 
 
-async def open_streams(count: int, target: Target, sim_url: str, worker_pids: list[int]) -> dict:
+async def open_streams(count: int, target: Target, sim_url: str, worker_pids: list[int],
+                       hangs_up: bool = True) -> dict:
     """``count`` chat streams opened at once over raw sockets (the client's
     own cost kept small), each held until its first content byte arrives;
     then all closed, and the simulator asked whether every upstream request
-    saw its caller hang up."""
+    saw its caller hang up (not asked of a relay that ``hangs_up`` False:
+    the bare relay does not pass a client's leaving on, and leaves its
+    upstream requests open until it is stopped)."""
     log(f"opening {count} streams at once")
     tag = f"hold{int(time.time())}"
     body = chat_body(f"Hold on. [sim tokens=3 pace={HOLD_PACE} tag={tag}]", stream=True)
@@ -319,6 +322,8 @@ async def open_streams(count: int, target: Target, sim_url: str, worker_pids: li
         task.cancel()
     for writer in writers:
         writer.transport.abort()
+    if not hangs_up:
+        return result
     # Every upstream request must see the gateway hang up.
     deadline = time.perf_counter() + 60
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False) as client:
