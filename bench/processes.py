@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -193,3 +195,32 @@ def _short(frame: str) -> str:
     frame = frame.replace(str(ROOT) + "/", "")
     return re.sub(r":\d+\)$", ")", frame)  # group by function, not by line
 
+
+
+# --------------------------------------------------------------------------- the production shape
+
+PRODUCTION_POSTGRES = "postgres://postgres@127.0.0.1:5432"
+PRODUCTION_REDIS = "redis://127.0.0.1:6379/15"  # emptied before and after the run
+
+
+class ProductionStores:
+    """A PostgreSQL database of the run's own (made, then dropped) and a Redis
+    database emptied before and after: the stores ``serve`` runs on in
+    docker-compose.yml, for ``bench/run.py --production-shape``."""
+
+    def __init__(self, server: str = PRODUCTION_POSTGRES, redis_url: str = PRODUCTION_REDIS) -> None:
+        self.server = server
+        self.name = f"hopbase_bench_{os.getpid()}"
+        self.database_url = f"{server}/{self.name}"
+        self.redis_url = redis_url
+
+    def __enter__(self) -> ProductionStores:
+        with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{self.name}"')
+        redis.Redis.from_url(self.redis_url).flushdb()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        redis.Redis.from_url(self.redis_url).flushdb()

@@ -9,7 +9,7 @@ import math
 import re
 from pathlib import Path
 
-from bench.servers import PAIRS
+from bench.servers import PAIRS, PRODUCTION
 from bench.targets import ROUNDS
 
 
@@ -135,6 +135,28 @@ def server_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
                          f"+{f_add * 1e3:.2f} ms (bare relay; direct {base * 1e3:.2f} ms)", f"+{h_add * 1e3:.2f} ms",
                          f"{h_add / max(f_add, 1e-6):.2f}×", goals[server][2]))
         rows.append(f4_bound_row(found["raw"], hopbase, floor))
+    if PRODUCTION in whole:
+        rows += production_rows(found)
+    return rows
+
+
+def production_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
+    """``serve --workers 1`` on PostgreSQL and Redis, a Celery worker settling
+    (``--production-shape``), against the bare relay on uvicorn in the same
+    rounds."""
+    whole, paced, serial = found["whole"], found["paced"], found["serial"]
+    floor = "floor-uvicorn"
+    rows = [("uvicorn, production shape (PostgreSQL, Redis, a Celery worker settling): CPU per whole answer "
+             "(16 tokens), serve --workers 1", f"{per(whole[floor]) * 1e3:.2f} ms (bare relay on uvicorn)",
+             f"{per(whole[PRODUCTION]) * 1e3:.2f} ms", ratio(whole[PRODUCTION], whole[floor]), "≤ 2× floor"),
+            ("  the same: CPU per paced stream (200 events, each its own read)",
+             f"{per(paced[floor]) * 1e3:.2f} ms (bare relay on uvicorn)", f"{per(paced[PRODUCTION]) * 1e3:.2f} ms",
+             ratio(paced[PRODUCTION], paced[floor]), "≤ 1.3× floor")]
+    base = percentile(serial["direct"].latency, 0.5)
+    f_add = percentile(serial[floor].latency, 0.5) - base
+    h_add = percentile(serial[PRODUCTION].latency, 0.5) - base
+    rows.append(("  the same: added latency, non-stream, C=1, p50", f"+{f_add * 1e3:.2f} ms (bare relay)",
+                 f"+{h_add * 1e3:.2f} ms", f"{h_add / max(f_add, 1e-6):.2f}×", "≤ 1.5× floor's"))
     return rows
 
 

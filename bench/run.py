@@ -5,6 +5,7 @@ Usage (from the project folder, with the project's virtualenv)::
 
     .venv/bin/python bench/run.py [--requests N] [--concurrency C] [--streams S]
                                   [--open-streams [S]] [--py-spy PATH] [--keep]
+                                  [--production-shape]
 
 Self-contained: it makes a fresh SQLite database in a temporary folder
 (``DATABASE_URL=sqlite:////tmp/hopbase-bench-.../bench.sqlite3``; the
@@ -76,7 +77,11 @@ runs HopBase), and ``manage.py serve --workers 2`` and ``--workers 1``
    of its own, 16 at once), and the latency each adds at C=1, p50 and p99;
    then the same latency read by raw sockets, with the simulator's own
    stream of the answer timed beside its body: the least that any gateway
-   reading the channel's stream (F4) adds;
+   reading the channel's stream (F4) adds. With ``--production-shape``,
+   ``serve --workers 1`` also runs as docker-compose.yml runs it, on
+   PostgreSQL (a database of the run's own on 127.0.0.1:5432, dropped at
+   the end) and Redis (database 15, emptied before and after) with a Celery
+   worker settling its logs, in the same rounds;
 9. with ``--open-streams [S]`` (default off; 10,000 when given bare): S
    streams opened at once over raw sockets against ``serve``, the time until
    all have their first token, both workers' RSS, and then, all closed at
@@ -125,7 +130,7 @@ if __package__ in (None, ""):  # run as a script, python bench/run.py: the proje
 import httpx
 
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
-from bench.processes import Child, Profiler, free_port, gateway_env, manage, raise_fd_limit
+from bench.processes import Child, ProductionStores, Profiler, free_port, gateway_env, manage, raise_fd_limit
 from bench.report import gateway_log_summary, report
 from bench.servers import measure_servers
 from bench.targets import (
@@ -161,6 +166,20 @@ def start_serve(children: list[Child], name: str, workers: int, env: dict[str, s
     return serve_args, url
 
 
+def start_production(stores: ProductionStores, children: list[Child], sim_url: str, tmp: Path) -> Target:
+    """``serve --workers 1`` as docker-compose.yml runs it: on PostgreSQL and
+    Redis, a Celery worker settling its logs (started here too, its CPU not
+    the gateway's); its target, the serve process last in ``children``."""
+    env = gateway_env(stores.database_url, REDIS_URL=stores.redis_url)
+    manage(["migrate", "--verbosity", "0"], env)
+    demo = manage(["demo", "--simulator-url", sim_url, "--gateway-url", "http://127.0.0.1"], env).splitlines()
+    key = demo[3].strip()
+    children.append(Child("celery-worker", [sys.executable, "-m", "celery", "-A", "hopbase", "worker", "-c", "1",
+                                            "-l", "warning"], env, tmp))
+    _, url = start_serve(children, "serve1-production", 1, env, tmp)
+    return Target("serve1-production", url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -174,6 +193,9 @@ def main() -> int:
                         help="open this many streams at once over serve --workers 2 (default off; 10000 if bare)")
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: sample the gateway during its burst")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (database, logs)")
+    parser.add_argument("--production-shape", action="store_true",
+                        help="also serve --workers 1 on PostgreSQL and Redis with a Celery worker settling (issue 31's "
+                             "rows): a database of its own on 127.0.0.1:5432, Redis database 15, emptied")
     args = parser.parse_args()
     if min(args.requests, args.concurrency, args.streams) < 1 or args.open_streams < 0:
         parser.error("counts must be positive")
@@ -197,7 +219,10 @@ def main() -> int:
         env["BENCH_FLOOR_MAX_CONNECTIONS"] = str(args.open_streams + 100)
     children: list[Child] = []
     profilers: list[Profiler] = []
+    stores = ProductionStores() if args.production_shape else None
     try:
+        if stores is not None:
+            stores.__enter__()
         sim_port, gw_port, floor_port = free_port(), free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
         log(f"temporary folder {tmp}")
@@ -251,6 +276,8 @@ def main() -> int:
         floor_url = f"http://127.0.0.1:{floor_port}"
         sim, gw, floor_process, *_, serve1_process, serve_process = children
         workers, serve1_workers = serve_workers(serve_process.pid), serve_workers(serve1_process.pid)
+        production = start_production(stores, children, sim_url, tmp) if stores is not None else None
+        production_workers = serve_workers(children[-1].pid) if production is not None else []
         log(f"simulator pid {sim.pid} at {sim_url}; gateway pid {gw.pid} at {gw_url}; floor pid "
             f"{floor_process.pid} at {floor_url}; serve workers {workers} at {serve_url}; "
             f"serve --workers 1 {serve1_workers} at {serve1_url}")
@@ -269,6 +296,9 @@ def main() -> int:
             "serve:     " + shlex.join(["python", *serve_args[1:]]),
             "serve1:    " + shlex.join(["python", *serve1_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
+            *(["production: serve --workers 1 on " + (stores.database_url if stores else "") + " and "
+               + (stores.redis_url if stores else "") + ", python -m celery -A hopbase worker -c 1 settling"]
+              if production is not None else []),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
             f" RLIMIT_NOFILE {soft}/{hard}",
             f"bodies:    chat {NONSTREAM_DIRECTIVE} non-stream; chat streams (include_usage)"
@@ -300,6 +330,9 @@ def main() -> int:
         targets = asyncio.run(measure_targets(args, gateway, floor, served, served1, floor_uv, floor2, direct, sim_url,
                                               cpu_pids, TRANSLATED_MODEL, governed))
         on_each = {t.name: t for t in (served1, floor_uv, gateway, floor)}
+        if production is not None:
+            on_each[production.name] = production
+            cpu_pids[production.name] = production_workers
         targets["servers"] = asyncio.run(measure_servers(args, on_each, direct, sim_url, cpu_pids))
         if args.open_streams:
             # Last: the bare relay leaves its upstream requests open (it does
@@ -335,6 +368,8 @@ def main() -> int:
             profiler.stop()
         for child in reversed(children):
             child.stop()
+        if stores is not None:
+            stores.__exit__()
         if args.keep:
             log(f"kept {tmp}")
         else:

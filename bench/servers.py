@@ -30,6 +30,8 @@ WHOLE = "[sim tokens=16]"  # the answer issue 31 was measured with
 PACED = "[sim tokens=200 pace=0.001]"  # 200 events 1 ms apart: each its own read
 # (server, HopBase's target, its floor's target): the names of the Targets.
 PAIRS = (("uvicorn", "serve1", "floor-uvicorn"), ("daphne", "gateway", "floor"))
+# serve --workers 1 on PostgreSQL and Redis (bench/run.py --production-shape).
+PRODUCTION = "serve1-production"
 
 
 async def measure_servers(args, targets: dict[str, Target], direct: Target, sim_url: str,
