@@ -215,12 +215,19 @@ class ProductionStores:
         self.redis_url = redis_url
 
     def __enter__(self) -> ProductionStores:
+        redis.Redis.from_url(self.redis_url).flushdb()  # first: nothing is made if Redis is not there
         with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{self.name}"')
-        redis.Redis.from_url(self.redis_url).flushdb()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        redis.Redis.from_url(self.redis_url).flushdb()
+        """Best effort: a store gone by now must not hide the run's own outcome."""
+        try:
+            with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
+                connection.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except psycopg.Error as error:
+            print(f"could not drop the database {self.name}: {error}", file=sys.stderr)
+        try:
+            redis.Redis.from_url(self.redis_url).flushdb()
+        except redis.RedisError as error:
+            print(f"could not empty {self.redis_url}: {error}", file=sys.stderr)

@@ -264,9 +264,9 @@ def report(args: argparse.Namespace, settings: list[str], res: dict, tgt: dict) 
                                           "governed") if tgt.get(key)}
     errors += [f"{key}/{name}: {dict(t['errors'])}" for key, targets in measured.items()
                for name, t in targets.items() if t["errors"]]
-    for key in ("open", "open_floor"):
+    for key, what in (("open", "open streams"), ("open_floor", "open streams, bare relay")):
         if key in tgt and tgt[key]["errors"]:
-            errors.append(f"{key} streams: {tgt[key]['errors']}")
+            errors.append(f"{what}: {tgt[key]['errors']}")
     if "servers" in tgt:
         found = tgt["servers"]
         errors += [f"servers {key}/{name}: {dict(t['errors'])}" for key in ("whole", "paced")

@@ -119,6 +119,7 @@ import platform
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -130,7 +131,17 @@ if __package__ in (None, ""):  # run as a script, python bench/run.py: the proje
 import httpx
 
 from bench.measure import NONSTREAM_DIRECTIVE, STREAM_DIRECTIVE, Target, log, measure
-from bench.processes import Child, ProductionStores, Profiler, free_port, gateway_env, manage, raise_fd_limit
+from bench.processes import (
+    ROOT,
+    START_TIMEOUT,
+    Child,
+    ProductionStores,
+    Profiler,
+    free_port,
+    gateway_env,
+    manage,
+    raise_fd_limit,
+)
 from bench.report import gateway_log_summary, report
 from bench.servers import measure_servers
 from bench.targets import (
@@ -166,16 +177,29 @@ def start_serve(children: list[Child], name: str, workers: int, env: dict[str, s
     return serve_args, url
 
 
+def demo_key(printed: str) -> str:
+    """The API key ``manage.py demo`` prints on its fourth line."""
+    demo = printed.splitlines()
+    key = demo[3].strip() if len(demo) > 3 else ""
+    if not key or " " in key:
+        raise RuntimeError(f"could not read the demo key from line 4 of:\n{chr(10).join(demo[:6])}")
+    return key
+
+
 def start_production(stores: ProductionStores, children: list[Child], sim_url: str, tmp: Path) -> Target:
     """``serve --workers 1`` as docker-compose.yml runs it: on PostgreSQL and
     Redis, a Celery worker settling its logs (started here too, its CPU not
     the gateway's); its target, the serve process last in ``children``."""
     env = gateway_env(stores.database_url, REDIS_URL=stores.redis_url)
     manage(["migrate", "--verbosity", "0"], env)
-    demo = manage(["demo", "--simulator-url", sim_url, "--gateway-url", "http://127.0.0.1"], env).splitlines()
-    key = demo[3].strip()
-    children.append(Child("celery-worker", [sys.executable, "-m", "celery", "-A", "hopbase", "worker", "-c", "1",
-                                            "-l", "warning"], env, tmp))
+    key = demo_key(manage(["demo", "--simulator-url", sim_url, "--gateway-url", "http://127.0.0.1"], env))
+    celery = [sys.executable, "-m", "celery", "-A", "hopbase"]
+    children.append(Child("celery-worker", [*celery, "worker", "--pool", "solo", "-l", "warning"], env, tmp))
+    deadline = time.monotonic() + START_TIMEOUT
+    while subprocess.run([*celery, "inspect", "ping", "--timeout", "1"], env=env, cwd=ROOT, capture_output=True,
+                         timeout=START_TIMEOUT).returncode != 0:
+        if children[-1].process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the Celery worker did not answer a ping:\n{children[-1].log_tail()}")
     _, url = start_serve(children, "serve1-production", 1, env, tmp)
     return Target("serve1-production", url, {"authorization": f"Bearer {key}", "content-type": "application/json"}, {})
 
@@ -219,18 +243,15 @@ def main() -> int:
         env["BENCH_FLOOR_MAX_CONNECTIONS"] = str(args.open_streams + 100)
     children: list[Child] = []
     profilers: list[Profiler] = []
-    stores = ProductionStores() if args.production_shape else None
+    stores: ProductionStores | None = None
     try:
-        if stores is not None:
-            stores.__enter__()
+        if args.production_shape:
+            stores = ProductionStores().__enter__()
         sim_port, gw_port, floor_port = free_port(), free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
         log(f"temporary folder {tmp}")
         manage(["migrate", "--verbosity", "0"], env)
-        demo = manage(["demo", "--simulator-url", sim_url, "--gateway-url", gw_url], env).splitlines()
-        key = demo[3].strip() if len(demo) > 3 else ""
-        if not key or " " in key:
-            raise RuntimeError(f"could not read the demo key from line 4 of:\n{chr(10).join(demo[:6])}")
+        key = demo_key(manage(["demo", "--simulator-url", sim_url, "--gateway-url", gw_url], env))
         manage(["addchannel", "bench-anthropic", "--protocol", "anthropic", "--base-url", sim_url,
                 "--api-key", "sk-simulated", "--models", TRANSLATED_MODEL], env)
         manage(["setprice", TRANSLATED_MODEL, "--input", "1", "--output", "2"], env)
@@ -297,7 +318,7 @@ def main() -> int:
             "serve1:    " + shlex.join(["python", *serve1_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
             *(["production: serve --workers 1 on " + (stores.database_url if stores else "") + " and "
-               + (stores.redis_url if stores else "") + ", python -m celery -A hopbase worker -c 1 settling"]
+               + (stores.redis_url if stores else "") + ", python -m celery -A hopbase worker --pool solo settling"]
               if production is not None else []),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
             f" RLIMIT_NOFILE {soft}/{hard}",
