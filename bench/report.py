@@ -10,6 +10,9 @@ import re
 from pathlib import Path
 
 from bench.servers import PAIRS, PRODUCTION
+
+# The row label of serve on PostgreSQL and Redis (--production-shape).
+PRODUCTION_SHAPE = "uvicorn, production shape (PostgreSQL, Redis, a Celery worker settling)"
 from bench.targets import ROUNDS
 
 
@@ -108,15 +111,19 @@ def embedding_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
 
 
 def server_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
-    """Issue 31's targets: HopBase on each server against that server's floor."""
+    """Issue 31's targets: HopBase on each server against that server's
+    floor; with ``--production-shape``, serve on PostgreSQL and Redis too,
+    against the same floor as serve."""
     rows = []
     whole, paced, serial = found["whole"], found["paced"], found["serial"]
-    goals = {"uvicorn": ("≤ 2× floor", "≤ 1.3× floor", "≤ 1.5× floor's"),
-             "daphne": ("≤ 2× floor", "≤ 1.4× floor", "—")}
-    for server, hopbase, floor in PAIRS:
-        what = "serve --workers 1" if server == "uvicorn" else "plain daphne"
+    uvicorn_goals = ("≤ 2× floor", "≤ 1.3× floor", "≤ 1.5× floor's")
+    goals = {"uvicorn": uvicorn_goals, PRODUCTION_SHAPE: uvicorn_goals, "daphne": ("≤ 2× floor", "≤ 1.4× floor", "—")}
+    production = [(PRODUCTION_SHAPE, PRODUCTION, "floor-uvicorn")] if PRODUCTION in whole else []
+    for server, hopbase, floor in (*PAIRS, *production):
+        what = "plain daphne" if server == "daphne" else "serve --workers 1"
+        floor_name = f"bare relay on {floor_server(floor)}"
         rows.append((f"{server}: CPU per whole answer (16 tokens), {what}",
-                     f"{per(whole[floor]) * 1e3:.2f} ms (bare relay on {server})",
+                     f"{per(whole[floor]) * 1e3:.2f} ms ({floor_name})",
                      f"{per(whole[hopbase]) * 1e3:.2f} ms", ratio(whole[hopbase], whole[floor]), goals[server][0]))
         if server == "uvicorn":
             rows.append(("  against HopBase under plain daphne in the same rounds",
@@ -124,7 +131,7 @@ def server_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
                          f"{per(whole[hopbase]) * 1e3:.2f} ms", ratio(whole[hopbase], whole["gateway"]),
                          "≤ 0.8× daphne's"))
         rows.append((f"{server}: CPU per paced stream (200 events, each its own read), {what}",
-                     f"{per(paced[floor]) * 1e3:.2f} ms (bare relay on {server})",
+                     f"{per(paced[floor]) * 1e3:.2f} ms ({floor_name})",
                      f"{per(paced[hopbase]) * 1e3:.2f} ms", ratio(paced[hopbase], paced[floor]), goals[server][1]))
         direct = serial["direct"].latency
         for q, name in ((0.5, "p50"), (0.99, "p99")):
@@ -135,29 +142,12 @@ def server_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
                          f"+{f_add * 1e3:.2f} ms (bare relay; direct {base * 1e3:.2f} ms)", f"+{h_add * 1e3:.2f} ms",
                          f"{h_add / max(f_add, 1e-6):.2f}×", goals[server][2]))
         rows.append(f4_bound_row(found["raw"], hopbase, floor))
-    if PRODUCTION in whole:
-        rows += production_rows(found)
     return rows
 
 
-def production_rows(found: dict) -> list[tuple[str, str, str, str, str]]:
-    """``serve --workers 1`` on PostgreSQL and Redis, a Celery worker settling
-    (``--production-shape``), against the bare relay on uvicorn in the same
-    rounds."""
-    whole, paced, serial = found["whole"], found["paced"], found["serial"]
-    floor = "floor-uvicorn"
-    rows = [("uvicorn, production shape (PostgreSQL, Redis, a Celery worker settling): CPU per whole answer "
-             "(16 tokens), serve --workers 1", f"{per(whole[floor]) * 1e3:.2f} ms (bare relay on uvicorn)",
-             f"{per(whole[PRODUCTION]) * 1e3:.2f} ms", ratio(whole[PRODUCTION], whole[floor]), "≤ 2× floor"),
-            ("  the same: CPU per paced stream (200 events, each its own read)",
-             f"{per(paced[floor]) * 1e3:.2f} ms (bare relay on uvicorn)", f"{per(paced[PRODUCTION]) * 1e3:.2f} ms",
-             ratio(paced[PRODUCTION], paced[floor]), "≤ 1.3× floor")]
-    base = percentile(serial["direct"].latency, 0.5)
-    f_add = percentile(serial[floor].latency, 0.5) - base
-    h_add = percentile(serial[PRODUCTION].latency, 0.5) - base
-    rows.append(("  the same: added latency, non-stream, C=1, p50", f"+{f_add * 1e3:.2f} ms (bare relay)",
-                 f"+{h_add * 1e3:.2f} ms", f"{h_add / max(f_add, 1e-6):.2f}×", "≤ 1.5× floor's"))
-    return rows
+def floor_server(floor: str) -> str:
+    """The server a floor's target runs on, by its name in PAIRS."""
+    return next(server for server, _, name in PAIRS if name == floor)
 
 
 def f4_bound_row(samples: dict, hopbase: str, floor: str) -> tuple[str, str, str, str, str]:

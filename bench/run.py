@@ -317,9 +317,8 @@ def main() -> int:
             "serve:     " + shlex.join(["python", *serve_args[1:]]),
             "serve1:    " + shlex.join(["python", *serve1_args[1:]]),
             "simulator: " + shlex.join(["python", *sim_args[1:]]),
-            *(["production: serve --workers 1 on " + (stores.database_url if stores else "") + " and "
-               + (stores.redis_url if stores else "") + ", python -m celery -A hopbase worker --pool solo settling"]
-              if production is not None else []),
+            *([f"production: serve --workers 1 on {stores.database_url} and {stores.redis_url}, "
+               "python -m celery -A hopbase worker --pool solo settling"] if stores is not None else []),
             f"machine:   {os.cpu_count()} CPUs, Python {platform.python_version()}, httpx {httpx.__version__},"
             f" RLIMIT_NOFILE {soft}/{hard}",
             f"bodies:    chat {NONSTREAM_DIRECTIVE} non-stream; chat streams (include_usage)"

@@ -66,7 +66,8 @@ async def measure_servers(args, targets: dict[str, Target], direct: Target, sim_
         out["paced"] = await cpu_rounds(every, pids, args.streams, PACED_CONCURRENCY, one_paced)
         await client.delete(sim_url + "/_sim/records")
         log("issue 31: added latency at C=1 on each server, direct calls interleaved")
-        body = chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=False)
+        prompt = "Say hello in fifty words. " + NONSTREAM_DIRECTIVE
+        body = chat_body(prompt, stream=False)
 
         async def one_serial(t: Target, s: Samples) -> None:
             await call_whole(client, t, body, s)
@@ -78,8 +79,7 @@ async def measure_servers(args, targets: dict[str, Target], direct: Target, sim_
         # on; both timed by raw sockets, beside the relays.
         log("issue 31: the same latency read by raw sockets, the simulator's stream of the answer beside its body")
         raw = [RawCall("direct", direct.base, direct.chat_headers, body, b'"choices"'),
-               RawCall("direct stream", direct.base, direct.chat_headers,
-                       chat_body("Say hello in fifty words. " + NONSTREAM_DIRECTIVE, stream=True), b"[DONE]"),
+               RawCall("direct stream", direct.base, direct.chat_headers, chat_body(prompt, stream=True), b"[DONE]"),
                *(RawCall(t.name, t.base, t.chat_headers, body, b'"choices"') for t in every)]
         out["raw"] = await asyncio.to_thread(raw_latencies, raw, max(200, args.requests // 2))
         await client.delete(sim_url + "/_sim/records")
