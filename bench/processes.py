@@ -214,13 +214,13 @@ class ProductionStores:
         self.database_url = f"{server}/{self.name}"
         self.redis_url = redis_url
 
-    def __enter__(self) -> ProductionStores:
+    def make(self) -> ProductionStores:
         redis.Redis.from_url(self.redis_url).flushdb()  # first: nothing is made if Redis is not there
         with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{self.name}"')
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def remove(self) -> None:
         """Best effort: a store gone by now must not hide the run's own outcome."""
         try:
             with psycopg.connect(f"{self.server}/postgres", autocommit=True) as connection:

@@ -246,7 +246,7 @@ def main() -> int:
     stores: ProductionStores | None = None
     try:
         if args.production_shape:
-            stores = ProductionStores().__enter__()
+            stores = ProductionStores().make()
         sim_port, gw_port, floor_port = free_port(), free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
         log(f"temporary folder {tmp}")
@@ -389,7 +389,7 @@ def main() -> int:
         for child in reversed(children):
             child.stop()
         if stores is not None:
-            stores.__exit__()
+            stores.remove()
         if args.keep:
             log(f"kept {tmp}")
         else:
