@@ -95,7 +95,7 @@ class ModelPriceForm(forms.ModelForm):
 
     class Meta:
         model = ModelPrice
-        fields = ["model", *PRICE_FIELDS, "effective_from"]
+        fields = ["model", *PRICE_FIELDS, "max_output_tokens", "effective_from"]
 
     def clean_model(self) -> str:
         names = parse_model_names(self.cleaned_data["model"])
@@ -116,7 +116,7 @@ class ModelPriceForm(forms.ModelForm):
 class ModelPriceAdmin(admin.ModelAdmin):
     form = ModelPriceForm
     list_display = ("model", "input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok",
-                    "cache_write_usd_per_mtok", "effective_from")
+                    "cache_write_usd_per_mtok", "max_output_tokens", "effective_from")
     list_filter = ("model",)
     search_fields = ("model",)
     date_hierarchy = "effective_from"
@@ -129,7 +129,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
         return False  # a mistake is corrected by a newer row
 
     def get_readonly_fields(self, request, obj=None):
-        return ("model", *PRICE_FIELDS, "effective_from") if obj is not None else ()
+        return ("model", *PRICE_FIELDS, "max_output_tokens", "effective_from") if obj is not None else ()
 
 
 class ModelFilter(admin.SimpleListFilter):

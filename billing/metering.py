@@ -9,11 +9,15 @@ row is marked ``usage_estimated``:
   sent to the client (text, thinking, tool-call arguments) / 4, rounded up.
 Failed and rejected requests bill nothing. Input never includes cached
 tokens, which are billed at their own prices; thinking is part of output.
+
+A provider's counts are data from outside (B11): usage with a count that is
+not a whole number in [0, 10^9) is billed as if nothing had been reported,
+on the estimate above, whatever the status.
 """
 
 from __future__ import annotations
 
-from core.usage import Usage, estimate_tokens
+from core.usage import Usage, estimate_tokens, plausible_count
 from core.vocabulary import RequestStatus
 
 
@@ -21,6 +25,10 @@ def billable_tokens(status: RequestStatus | str, usage: Usage, prompt_chars: int
     status = RequestStatus(status)
     if not status.billed:
         return Usage()
+    if usage.distrusted or not all(plausible_count(n) for n in (
+            usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens,
+            usage.thinking_tokens)):
+        return Usage(estimate_tokens(prompt_chars), estimate_tokens(sent_chars), estimated=True)
     if not status.cut_short and usage.input_reported and usage.output_reported:
         return Usage(
             usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, usage.thinking_tokens

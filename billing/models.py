@@ -39,6 +39,9 @@ class ModelPrice(models.Model):
     output_usd_per_mtok = models.DecimalField(**PRICE)
     cache_read_usd_per_mtok = models.DecimalField(**PRICE, default=Decimal("0"))
     cache_write_usd_per_mtok = models.DecimalField(**PRICE, default=Decimal("0"))
+    # The most output tokens one answer of the model can have (G7): what a
+    # request naming no limit is reserved for. Empty: HOPBASE_DEFAULT_OUTPUT_CAP.
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     effective_from = models.DateTimeField(default=timezone.now)
 
     objects = ModelPriceQuerySet.as_manager()

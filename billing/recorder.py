@@ -75,6 +75,12 @@ def log_fields(item: Finished) -> dict[str, object]:
     }
 
 
+def _text(value: str, length: int) -> str:
+    """A client's or provider's string as a column takes it (B11): PostgreSQL
+    refuses a NUL character, and the column's length is a limit."""
+    return value.replace("\x00", "\ufffd")[:length] if "\x00" in value else value[:length]
+
+
 def to_row(item: Finished) -> RequestLog:
     tokens = billable_tokens(item.status, item.usage, item.prompt_chars, item.sent_chars)
     return RequestLog(
@@ -82,9 +88,9 @@ def to_row(item: Finished) -> RequestLog:
         created_at=item.created_at,
         tenant_id=item.tenant_id,
         api_key_id=item.api_key_id,
-        model=item.model[:200],
-        upstream_model=item.upstream_model[:200] if item.upstream_model != item.model else "",
-        provider_request_id=item.provider_request_id[:100],
+        model=_text(item.model, 200),
+        upstream_model=_text(item.upstream_model, 200) if item.upstream_model != item.model else "",
+        provider_request_id=_text(item.provider_request_id, 100),
         channel_id=item.channel_id,
         protocol=item.protocol,
         stream=item.stream,
@@ -222,12 +228,14 @@ class Recorder:
 
         A row the batch insert refuses (its channel deleted meanwhile) is
         retried alone, then without its channel; a database that is down is
-        retried with backoff. Only what still cannot be written after that
-        is given up, each row logged in full so it can be replayed."""
+        retried with backoff. What still cannot be written after that stays
+        in the spool (B11), logged in full, and is replayed with the
+        process's spool."""
         delay = 0.25
         while True:
             try:
                 refresh_connection()
+                kept: set[str] = set()
                 try:
                     self._insert([to_row(item) for item in batch])
                 except (OperationalError, InterfaceError):
@@ -236,7 +244,7 @@ class Recorder:
                     log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
                     # Rows written before an outage here are written again
                     # (ignored: request_id is unique) when the batch is retried.
-                    self._insert_one_by_one(batch)
+                    kept = self._insert_one_by_one(batch)
                 break
             except (OperationalError, InterfaceError):
                 # The records are safe in the spool; keep trying, never more
@@ -247,7 +255,7 @@ class Recorder:
                 connections.close_all()
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY)
-        self.spool.committed([item.request_id for item in batch])
+        self.spool.committed([item.request_id for item in batch if item.request_id not in kept])
         if not log.isEnabledFor(logging.INFO):
             return  # no request lines at this log level: nothing to build them for
         for item in batch:
@@ -269,7 +277,9 @@ class Recorder:
             # robust: a settlement failure must not look like a failed write.
             transaction.on_commit(lambda: self._publish(ids), robust=True)
 
-    def _insert_one_by_one(self, batch: list[Finished]) -> None:
+    def _insert_one_by_one(self, batch: list[Finished]) -> set[str]:
+        """Each row alone; the ids of those the database still refuses."""
+        kept: set[str] = set()
         for item in batch:
             try:
                 row = to_row(item)
@@ -282,7 +292,9 @@ class Recorder:
             except (OperationalError, InterfaceError):
                 raise  # the database, not the row: retried with the batch
             except Exception:
-                log.exception("request log lost: %r", item)
+                log.exception("request log refused by the database, kept in the spool: %r", item)
+                kept.add(item.request_id)
+        return kept
 
     def flush(self, timeout: float = 10) -> bool:
         """Wait until everything recorded so far is written (or given up on)."""

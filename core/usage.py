@@ -10,11 +10,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHARS_PER_TOKEN = 4
+# B11: a provider's count at or above this is not believed (no single
+# request is billed a billion tokens), nor is one that is not a whole number.
+MAX_COUNT = 10**9
 
 
 def estimate_tokens(chars: int) -> int:
     """Tokens in ``chars`` characters of text, rounded up."""
     return -(-chars // CHARS_PER_TOKEN)
+
+
+def plausible_count(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_COUNT
+
+
+def plausible_usage(usage: object) -> bool:
+    """Whether every token count in a provider's usage object (nested
+    details included) is missing or a plausible count (B11)."""
+    if isinstance(usage, list):
+        return all(plausible_usage(item) for item in usage)
+    if not isinstance(usage, dict):
+        return True
+    for key, value in usage.items():
+        if isinstance(value, (dict, list)):
+            if not plausible_usage(value):
+                return False
+        elif "oken" in key and value is not None and not plausible_count(value):
+            return False
+    return True
 
 
 @dataclass
@@ -27,6 +50,9 @@ class Usage:
     input_reported: bool = False
     output_reported: bool = False
     estimated: bool = False
+    # The provider reported a count that cannot be true (B11): nothing it
+    # reported is billed; the request is billed on the B2/B3 estimate.
+    distrusted: bool = False
 
     def copy(self) -> Usage:
         """A copy of its own (copy.copy goes the long way, by pickling's hooks)."""

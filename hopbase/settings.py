@@ -89,8 +89,10 @@ HOPBASE_CAPACITY_WAIT = env_seconds("HOPBASE_CAPACITY_WAIT", 5)
 # it (G2): a killed process's reservations free their budgets within this.
 HOPBASE_RESERVATION_LEASE = env_seconds("HOPBASE_RESERVATION_LEASE", 300)
 # What a request that names no output limit is assumed to write at most, for
-# its budget reservation and TPM count (G2, G5).
-HOPBASE_DEFAULT_OUTPUT_CAP = env_int("HOPBASE_DEFAULT_OUTPUT_CAP", 4096, minimum=1)
+# its budget reservation and TPM count (G2, G5, G7), where the model's price
+# sets no ceiling of its own: 32,000, the most HopBase itself asks of a
+# Claude channel for a caller that named no limit.
+HOPBASE_DEFAULT_OUTPUT_CAP = env_int("HOPBASE_DEFAULT_OUTPUT_CAP", 32_000, minimum=1)
 # On SIGTERM, the longest wait for requests in flight before they are ended (D1).
 HOPBASE_DRAIN_TIMEOUT = env_seconds("HOPBASE_DRAIN_TIMEOUT", 30)
 # Gateway limits and caches of our own.

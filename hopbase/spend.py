@@ -3,9 +3,11 @@ its key's tokens per minute, held from admission until it ends.
 
     admit: the budgets covering the caller (its tenant's and its key's; the
       table read at most every HOPBASE_CONFIG_TTL) -> the request's worst
-      case: its estimated input (prompt characters / 4) plus its output cap
-      (HOPBASE_DEFAULT_OUTPUT_CAP where it names none) at the model's price,
-      the tenant's multiplier applied -> one reservation across all of them
+      case (G7, ``worst_case``): its estimated input (prompt characters / 4,
+      plus images, files and tool schemas at a generous estimate) plus every
+      answer it asks for (``n``, ``candidateCount``) at its output cap, or at
+      the model's ceiling where it names none, at the model's price, the
+      tenant's multiplier applied -> one reservation across all of them
       (``billing.budget_store``: Redis, or this process), or a refusal
       before any channel is called (429 ``budget_exceeded``, naming the
       budget and when its window resets). Then the key's TPM
@@ -47,7 +49,7 @@ from core.errors import ErrorKind, GatewayError
 from core.snapshots import Snapshot, database_call
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
-from hopbase.protocols.base import Api, RequestFacts
+from hopbase.protocols.base import Api, RequestFacts, nontext_tokens
 from hopbase.token_limits import token_limits
 
 log = logging.getLogger("hopbase.spend")
@@ -122,6 +124,22 @@ class Hold:
     price: ModelPrice | None = None  # in force at admission, as settlement will find it
 
 
+def worst_case(api: Api, facts: RequestFacts, price: ModelPrice | None) -> tuple[int, int]:
+    """The most input and output tokens a request can be billed (G7): its
+    text at 4 characters a token plus an estimate of what is not text, and
+    every answer it asks for at its output cap, or at the model's ceiling
+    where it names none (the operator's per model, else
+    HOPBASE_DEFAULT_OUTPUT_CAP). A cap above the operator's ceiling is held
+    to it: the provider refuses or clamps such a cap."""
+    ceiling = price.max_output_tokens if price is not None else None
+    cap = api.output_cap(facts)
+    if cap is None:
+        per_answer = ceiling or settings.HOPBASE_DEFAULT_OUTPUT_CAP
+    else:  # only the operator's ceiling is known to be the model's; the default is a guess
+        per_answer = min(cap, ceiling) if ceiling else cap
+    return facts.prompt_tokens_estimate + nontext_tokens(facts.body), per_answer * api.choices(facts)
+
+
 class Spend:
     def __init__(self, store: RedisBudgetStore | LocalBudgetStore | None = None) -> None:
         self._store = store  # chosen at first use unless given: settings may not be ready at import
@@ -146,16 +164,15 @@ class Spend:
         budgets = [*table.get(("tenant", caller.tenant_id), ()), *table.get(("key", caller.key_id), ())]
         if not budgets and caller.tpm is None:
             return None
-        output_cap = api.output_cap(facts)
-        output = settings.HOPBASE_DEFAULT_OUTPUT_CAP if output_cap is None else output_cap
-        hold = Hold(request_id, budgets, [])
+        price = (await self.prices.get()).get(facts.model)
+        input_tokens, output = worst_case(api, facts, price)
+        hold = Hold(request_id, budgets, [], price=price)
         if budgets:
-            hold.price = price = (await self.prices.get()).get(facts.model)
-            worst = Priced(facts.model, RequestStatus.COMPLETED, datetime.now(UTC), facts.prompt_tokens_estimate, output)
+            worst = Priced(facts.model, RequestStatus.COMPLETED, datetime.now(UTC), input_tokens, output)
             await self._reserve(hold, to_units(charge_for(worst, price, caller.price_multiplier)) if price else 0)
         if caller.tpm is not None:
             try:
-                await token_limits.admit(caller.key_id, caller.tpm, facts.prompt_tokens_estimate + output, request_id)
+                await token_limits.admit(caller.key_id, caller.tpm, input_tokens + output, request_id)
             except GatewayError:
                 self.ended(hold, None)
                 raise

@@ -97,3 +97,35 @@ def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
         row = rows[log.request_id]
         assert (row["status"], row["settled"], Decimal(row["charge_usd"])) == (status, True, charge)
         assert (row["input_tokens"], row["output_tokens"]) == (log.input_tokens, log.output_tokens)
+
+
+def answer_text(api: str, body: dict) -> str:
+    if api == "chat":
+        return body["choices"][0]["message"]["content"]
+    if api == "messages":
+        return "".join(block.get("text", "") for block in body["content"])
+    if api == "responses":
+        return "".join(part["text"] for item in body["output"] if item["type"] == "message"
+                       for part in item["content"])
+    return "".join(part.get("text", "") for part in body["candidates"][0]["content"]["parts"])
+
+
+@pytest.mark.parametrize("count", ["-1000000", str(10**30)])
+@pytest.mark.parametrize("api", ["chat", "messages", "responses", "gemini"])
+def test_a_providers_impossible_usage_is_billed_on_the_estimate_and_logged_once(gateway, world, api, count):
+    prompt = f"what is the weather [sim tokens=9 report_output={count}]"
+    request = call(api, world.key, "sim-model", prompt, stream=False)
+    answer = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers, timeout=20)
+    assert answer.status_code == 200, answer.text
+    log = wait_for_log(answer.headers["x-hopbase-request-id"])
+    # B11: nothing the provider reported is believed; the B2/B3 estimate from
+    # what was asked and what the client received is billed instead.
+    received = answer_text(api, answer.json())
+    assert received
+    assert (log.status, log.usage_estimated) == ("completed", True)
+    assert log.output_tokens == -(-len(received) // 4)
+    assert log.input_tokens == log.prompt_chars // 4 + (log.prompt_chars % 4 > 0) > 0
+    settle_many([log.pk])
+    assert LedgerEntry.objects.filter(request_log=log).count() == 1
+    log.refresh_from_db()
+    assert log.charge_usd == expected_charge(log) > 0

@@ -54,13 +54,48 @@ def test_a_row_whose_channel_was_deleted_is_kept_without_its_channel():
     assert logs[batch[1].request_id].input_tokens == 10
 
 
+class Journal:
+    """The spool's side the recorder talks to: what it was told is written."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def committed(self, request_ids: list[str]) -> None:
+        self.written += request_ids
+
+
 @pytest.mark.django_db
-def test_a_row_that_cannot_be_built_is_logged_and_the_others_written(caplog):
+def test_a_row_that_cannot_be_built_stays_in_the_spool_and_the_others_are_written(caplog):
     key, _ = make_key()
     batch = [finished(key), finished(key, usage=None), finished(key)]
-    Recorder(publish=lambda ids: None)._write(batch)
+    journal = Journal()
+    Recorder(publish=lambda ids: None, spool=journal)._write(batch)
     assert set(written(batch)) == {batch[0].request_id, batch[2].request_id}
-    assert "request log lost" in caplog.text and batch[1].request_id in caplog.text
+    assert journal.written == [batch[0].request_id, batch[2].request_id]  # the refused one is replayed later
+    assert "kept in the spool" in caplog.text and batch[1].request_id in caplog.text
+
+
+@pytest.mark.usefixtures("committed_db")
+@pytest.mark.parametrize("count", [-1_000_000, 10**30, 10**9, 2.5, "12", True])
+def test_a_providers_impossible_count_is_billed_on_the_estimate_and_still_written(count):
+    key, _ = make_key()
+    usage = Usage(10, 5, input_reported=True, output_reported=True)
+    usage.output_tokens = count
+    item = finished(key, usage=usage, prompt_chars=400, sent_chars=80)
+    journal = Journal()
+    Recorder(publish=lambda ids: None, spool=journal)._write([item])
+    row = written([item])[item.request_id]
+    assert (row.input_tokens, row.output_tokens, row.usage_estimated) == (100, 20, True)
+    assert journal.written == [item.request_id]
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_a_nul_in_a_model_name_does_not_lose_the_row():
+    key, _ = make_key()
+    item = finished(key, model="gpt\x00evil" + "x" * 300, status="rejected", usage=Usage())
+    Recorder(publish=lambda ids: None, spool=Journal())._write([item])
+    row = written([item])[item.request_id]
+    assert row.model.startswith("gpt\ufffdevil") and len(row.model) == 200
 
 
 @pytest.mark.usefixtures("committed_db")

@@ -11,6 +11,7 @@ the Redis semantics); the same through a gateway is test_spend_gateway.py.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -27,8 +28,8 @@ from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
 from hopbase import spend as spend_module
 from hopbase.auth import Caller
-from hopbase.protocols import CHAT, EMBEDDINGS
-from hopbase.protocols.base import dumps
+from hopbase.protocols import CHAT, EMBEDDINGS, GEMINI, MESSAGES
+from hopbase.protocols.base import MEDIA_TOKENS, TOOLS_PREAMBLE_TOKENS, dumps
 from hopbase.spend import Spend
 from tests.factories import make_key, make_price, make_tenant
 
@@ -104,6 +105,56 @@ def test_the_worst_case_is_the_estimated_input_and_the_output_cap_at_price(world
     reserved = [Decimal("0.0078"), Decimal("0.0153"), Decimal("0.00003")]
     assert from_units(store.reserved(hold.lines[0])) == sum(reserved)
     assert hold.lines == default.lines == embedding.lines
+
+
+def worst(api, body, route=None, ceiling=None):
+    price = make_price(f"ceiling-{ceiling}", max_output_tokens=ceiling) if ceiling else None
+    return spend_module.worst_case(api, api.parse(body, dumps(body), route or {}), price)
+
+
+def test_the_worst_case_counts_every_answer_asked_for(world):
+    text = {"role": "user", "content": "x" * 400}  # 100 tokens
+    assert worst(CHAT, {"model": MODEL, "messages": [text], "n": 100, "max_tokens": 2000}) == (100, 200_000)
+    gemini = {"contents": [{"parts": [{"text": "x" * 400}]}],
+              "generationConfig": {"candidateCount": 3, "maxOutputTokens": 50}}
+    route = {"model": MODEL, "action": "generateContent", "version": "v1beta"}
+    assert worst(GEMINI, gemini, route) == (100, 150)
+
+
+def test_a_request_naming_no_cap_reserves_the_models_ceiling(world):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    assert worst(CHAT, body, ceiling=64_000)[1] == 64_000
+    assert worst(CHAT, body)[1] == 1000  # no ceiling set: HOPBASE_DEFAULT_OUTPUT_CAP
+    # A cap above the ceiling is held to the ceiling; below it, the cap.
+    assert worst(CHAT, {**body, "max_tokens": 10**9}, ceiling=64_000)[1] == 64_000
+    assert worst(CHAT, {**body, "max_tokens": 10}, ceiling=64_000)[1] == 10
+
+
+def test_images_files_and_tool_schemas_count_at_a_generous_estimate(world):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]}
+    assert worst(CHAT, body)[0] == 1 + MEDIA_TOKENS
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": "A" * 400_000}}
+    claude = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [pdf]}]}
+    assert worst(MESSAGES, claude)[0] == 100_000  # its data as text would be
+    schema = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                           "description": "y" * 4000}}}
+    with_tools = worst(CHAT, {**body, "tools": [schema]})[0]
+    assert with_tools > 1 + MEDIA_TOKENS + 1000 + TOOLS_PREAMBLE_TOKENS
+
+
+def test_tokens_per_minute_count_the_same_worst_case(world):
+    tenant, key, caller = world
+    caller = replace(caller, tpm=150_000)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 100, "max_tokens": 2000}
+
+    async def scenario():
+        return await Spend(LocalBudgetStore()).admit(caller, CHAT, CHAT.parse(body, dumps(body), {}), "r")
+
+    with pytest.raises(GatewayError) as refused:  # 200,001 tokens can never fit in 150,000
+        asyncio.run(scenario())
+    assert refused.value.kind == ErrorKind.RATE_LIMIT
 
 
 def test_a_request_that_does_not_fit_is_refused_naming_the_budget_and_its_reset(world, alerts):

@@ -30,7 +30,7 @@ from tests.processes import Service, free_port
 from tests.protocol_checks import new_tag
 from tests.settlement_checks import wait_for
 from tests.test_settlement_worker import Worker
-from tests.wire import call, wait_for_log
+from tests.wire import call, channel_protocol, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
@@ -99,10 +99,30 @@ def test_a_key_over_its_tokens_per_minute_is_refused_with_a_retry_after(gateway,
 # -- the race -------------------------------------------------------------------------
 
 RACE_REQUESTS = 50
-# Each request reserves 1,000 tokens at 1 USD per million (its prompt's
-# estimate plus its output cap), 0.001 USD: the budget fits five of them.
+# Every request's worst case is about 1,000 tokens at 1 USD per million: the
+# budget fits exactly five. The simulator then bills each about what was
+# reserved (every answer asked for, each as long as its cap), so a gateway
+# that reserved less than the worst case would admit more than five and
+# settle past the limit.
 RACE_LIMIT = Decimal("0.0055")
-RACE_PROMPT = "race [sim tokens=3 first_delay=2]"  # each request answers after 2 s: they overlap
+RACE_ADMITTED = 5
+ANSWERS = 4
+PER_ANSWER = 250  # 4 answers of 250 tokens: 1,000 output tokens
+CEILING = 1000  # the model's output ceiling, for a request that names no cap
+
+
+def race_shape(api: str, shape: str, model: str, secret: str):
+    """A request whose worst case is ~1,000 output tokens, and that the
+    simulator answers with exactly as many (each answer after 2 s, so all
+    overlap)."""
+    if shape == "choices":
+        prompt = f"race [sim tokens={PER_ANSWER} first_delay=2]"
+        if api == "gemini":
+            config = {"candidateCount": ANSWERS, "maxOutputTokens": PER_ANSWER}
+            return call(api, secret, model, prompt, stream=False, generationConfig=config)
+        return call(api, secret, model, prompt, stream=False, n=ANSWERS, max_completion_tokens=PER_ANSWER)
+    prompt = f"race [sim tokens={CEILING} first_delay=2]"  # names no cap: the ceiling is reserved
+    return call(api, secret, model, prompt, stream=False)
 
 
 def race_redis_url() -> str:
@@ -111,14 +131,17 @@ def race_redis_url() -> str:
 
 
 @pytest.fixture
-def race_world(world):
+def race_world(world, request):
+    api = request.param[0]
     model = f"race-{uuid.uuid4().hex[:8]}"
-    ModelPrice.objects.create(model=model, input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("1"))
-    Channel.objects.create(name=model, protocol="openai", base_url=world.simulator.url + "/v1",
+    ModelPrice.objects.create(model=model, input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("1"),
+                              max_output_tokens=CEILING)
+    base = world.simulator.url + ("/v1" if api == "chat" else "")
+    Channel.objects.create(name=model, protocol=channel_protocol(api), base_url=base,
                            secret="sk-upstream-secret", served_models=[model])
     key, secret = fresh_key()
     budget = Budget.objects.create(tenant=key.tenant, api_key=key, period="1d", limit_usd=RACE_LIMIT)
-    return model, key, secret, budget
+    return api, model, key, secret, budget
 
 
 @pytest.fixture
@@ -138,11 +161,14 @@ def race_stack():
         worker.stop()
 
 
-def test_concurrent_requests_on_two_processes_never_spend_past_a_budget(race_world, race_stack):
-    model, key, secret, budget = race_world
-    request = call("chat", secret, model, RACE_PROMPT, stream=False)
-    # The estimate counts the prompt's characters / 4 (rounded up): the cap tops it up to 1,000 tokens.
-    request.body["max_completion_tokens"] = 1000 - -(-len(RACE_PROMPT) // 4)
+RACES = [("chat", "choices"), ("gemini", "choices"), ("chat", "capless")]
+
+
+@pytest.mark.parametrize(("race_world", "shape"), [((api,), shape) for api, shape in RACES],
+                         indirect=["race_world"], ids=[f"{api}-{shape}" for api, shape in RACES])
+def test_concurrent_requests_on_two_processes_never_spend_past_a_budget(race_world, shape, race_stack):
+    api, model, key, secret, budget = race_world
+    request = race_shape(api, shape, model, secret)
     with httpx.Client(timeout=30) as warm:  # both processes have read the key and its budget
         for _ in range(4):
             warm.get(race_stack.url + "/healthz")
@@ -156,15 +182,19 @@ def test_concurrent_requests_on_two_processes_never_spend_past_a_budget(race_wor
 
     served = [a for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code != 200]
-    assert len(served) >= 5, [a.text for a in refused[:3]]  # the budget's room was used
+    assert len(served) == RACE_ADMITTED, [a.text for a in refused[:3]]
     for answer in refused:
-        assert answer.status_code == 429 and answer.json()["error"]["code"] == "budget_exceeded", answer.text
+        assert answer.status_code == 429 and "budget" in answer.text, answer.text
     ids = [a.headers["x-hopbase-request-id"] for a in answers]
     wait_for(lambda: RequestLog.objects.filter(request_id__in=ids).count() == RACE_REQUESTS, 20, "every log")
     wait_for(lambda: not RequestLog.objects.filter(request_id__in=ids, settled_at__isnull=True).exists(), 30,
              "the worker to settle every request")
     logs = RequestLog.objects.filter(request_id__in=ids)
     assert logs.filter(status="rejected").count() == len(refused)
+    # Each served request was billed about the worst case: six would not have fit.
+    for log in logs.filter(status="completed"):
+        assert log.output_tokens == (ANSWERS * PER_ANSWER if shape == "choices" else CEILING)
+        assert log.charge_usd > RACE_LIMIT / (RACE_ADMITTED + 1)
     spent = spent_in(Budget.objects.get(pk=budget.pk), window_at("1d", logs.earliest("created_at").created_at))
     assert 0 < spent <= RACE_LIMIT
     assert spent == sum(log.charge_usd for log in logs)

@@ -12,6 +12,7 @@ merged from three places, later ones overriding earlier ones:
 Keys: tokens, thinking, tool, pace, first_delay, status, reason, retry_after,
 error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
 crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write,
+report_output (the output count the usage reports, any integer, negative too),
 and for the clouds (``channels_pool.simulator.clouds``): content_filter,
 filter_finish (Azure), exception_after, exception, bad_crc_after (Bedrock).
 Unknown keys and malformed values are ignored, so a request always gets an answer.
@@ -28,6 +29,9 @@ they are plain ``error_after``.
 hangs up): a test can hold the second token until its client has received
 the first, and so show that nothing between them buffers, by the order of
 events rather than by timing.
+
+A request for several answers (Chat's ``n``, Gemini's ``candidateCount``)
+gets one answer as long as all of them together, and is billed so.
 
 The prompt text is also what input tokens are counted from: one
 whitespace-separated word is one token, on purpose unlike the gateway's
@@ -91,6 +95,13 @@ def _number(raw: dict[str, str], key: str, kind: Callable[[str], Any], default: 
     return max(value, 0) if value == value else default  # NaN -> default
 
 
+def _signed(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
 def _flag(raw: dict[str, str], key: str) -> bool | None:
     value = raw.get(key, "").lower()
     if value in ("1", "true", "yes", "on"):
@@ -144,6 +155,7 @@ class Directives:
     created: int | None = None
     cached: int = 0
     cache_write: int = 0
+    report_output: int | None = None
     content_filter: bool = False  # Azure: refuse the prompt (400 content_filter)
     filter_finish: bool = False  # Azure: end with finish_reason content_filter
     exception: str | None = None  # Bedrock: the exception type of the failure at token N
@@ -180,6 +192,7 @@ class Directives:
             created=_number(raw, "created", int),
             cached=_number(raw, "cached", int, 0),
             cache_write=_number(raw, "cache_write", int, 0),
+            report_output=_signed(raw.get("report_output")),
             content_filter=bool(_flag(raw, "content_filter")),
             filter_finish=bool(_flag(raw, "filter_finish")),
             exception=raw.get("exception") or None,
@@ -246,6 +259,14 @@ def prompt_texts(protocol: str, body: object) -> list[str]:
     return texts
 
 
+def answers_asked(body: dict[str, Any]) -> int:
+    """Chat's ``n``, Gemini's ``candidateCount``: the simulator writes every
+    answer's tokens as one answer, so its usage is what a provider bills."""
+    config = body.get("generationConfig")
+    count = body.get("n", config.get("candidateCount") if isinstance(config, dict) else None)
+    return count if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 128 else 1
+
+
 def build_script(protocol: str, model: str | None, body: dict[str, Any], texts: list[str], d: Directives,
                  request: Request) -> wire.Script:
     """The answer a request gets, from its directives and its prompt."""
@@ -253,13 +274,14 @@ def build_script(protocol: str, model: str | None, body: dict[str, Any], texts: 
     return wire.Script(
         model=model or "sim-model",
         thinking=wire.deltas(d.thinking, wire.THINKING_WORDS),
-        text=wire.deltas(d.tokens, wire.TEXT_WORDS),
+        text=wire.deltas(d.tokens * answers_asked(body), wire.TEXT_WORDS),
         tool=d.tool,
         input_tokens=count_words(texts),
         stem=d.id or secrets.token_hex(12),
         created=d.created if d.created is not None else int(time.time()),
         cached=d.cached,
         cache_write=d.cache_write,
+        reported_output=d.report_output,
         crlf=d.crlf if d.crlf is not None else wire.grammar(protocol) == "gemini",  # Google sends CRLF
         include_usage=isinstance(stream_options, dict) and stream_options.get("include_usage") is True,
         sse=request.query.get("alt") == "sse",

@@ -9,6 +9,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
+from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
     Api,
@@ -119,6 +120,9 @@ class MessagesWatcher(StreamWatcher):
         # message_delta usage is cumulative: it replaces, never adds.
         u = self.usage
         self.message["usage"] = {**(self.message.get("usage") or {}), **usage}
+        if not plausible_usage(usage):
+            u.distrusted = True
+            return
         if "input_tokens" in usage:
             u.input_tokens = usage["input_tokens"] or 0
             u.input_reported = True

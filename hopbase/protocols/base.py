@@ -10,7 +10,7 @@ error in this protocol's encoding. The relay talks only to these two.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any, ClassVar
 
 import orjson
@@ -96,6 +96,63 @@ def prompt_text_chars(value: Any) -> int:
     return 0
 
 
+# What a request's input that is not text may cost (G7), for the reservation
+# only: images bill at most about 1,600 tokens on Anthropic, 2,500 on OpenAI's
+# patch-based models and 258 a tile on Gemini, so one image is reserved at the
+# largest; a file or audio part sent inline counts its data as text would
+# (its base64 characters / 4, which is above what the decoded bytes bill), and
+# never less than an image; a tool definition counts its JSON as text, plus
+# the tool-use preamble the providers add (Anthropic's is several hundred).
+MEDIA_TOKENS = 2_500
+TOOLS_PREAMBLE_TOKENS = 1_000
+# Keys of a content part that carry non-text input in any of the grammars.
+MEDIA_KEYS = frozenset({"image_url", "input_audio", "file", "source", "inline_data", "inlineData", "file_data",
+                        "fileData", "image", "document", "file_id", "file_url", "file_data_url"})
+MEDIA_TYPES = frozenset({"image", "image_url", "input_image", "document", "file", "input_file", "input_audio",
+                         "audio"})
+# Request fields holding tool definitions or output schemas, billed as input
+# (Responses puts its output schema in ``text``).
+SCHEMA_KEYS = ("tools", "functions", "response_format", "text", "tool_config", "toolConfig")
+
+
+def nontext_tokens(body: Any) -> int:
+    """A worst-case estimate of the input tokens in ``body`` that
+    ``prompt_text_chars`` does not count: images, files, audio and tool
+    schemas (G7). Reservation only: billing uses the provider's count."""
+    if not isinstance(body, dict):
+        return 0
+    tokens = 0
+    for key in SCHEMA_KEYS:
+        value = body.get(key)
+        if isinstance(value, (list, dict)) and value:
+            tokens += estimate_tokens(len(dumps(value)))
+            if key in ("tools", "functions"):
+                tokens += TOOLS_PREAMBLE_TOKENS
+    return tokens + _media_tokens(body)
+
+
+def _media_tokens(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(_media_tokens(item) for item in value)
+    if not isinstance(value, dict):
+        return 0
+    if value.get("type") in MEDIA_TYPES or not MEDIA_KEYS.isdisjoint(value):
+        inline = max((len(text) for text in _strings(value)), default=0)
+        return max(MEDIA_TOKENS, estimate_tokens(inline))
+    return sum(_media_tokens(item) for item in value.values() if isinstance(item, (list, dict)))
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 class StreamWatcher:
     """Watches one attempt's events: marks them, collects usage and the text
     already sent, assembles a non-streaming body, renders in-stream errors."""
@@ -173,6 +230,10 @@ class Api:
     def output_cap(self, facts: RequestFacts) -> int | None:
         """The most output tokens the request allows, where it says (G2, G5)."""
         return None
+
+    def choices(self, facts: RequestFacts) -> int:
+        """How many answers the request asks for, each up to its output cap (G7)."""
+        return 1
 
     def upstream_calls(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Call]:
         """The calls this request is to a channel: one, or one per part."""

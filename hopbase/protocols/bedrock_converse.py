@@ -21,6 +21,7 @@ from typing import Any
 
 from channels_pool.kinds import Call, Operation
 from core.sse import Event
+from core.usage import plausible_usage
 from core.vocabulary import WireProtocol
 from hopbase.protocols.base import Api, Mark, RequestFacts, StreamWatcher
 
@@ -74,6 +75,9 @@ class ConverseWatcher(StreamWatcher):
     def _take_usage(self, usage: dict[str, Any]) -> None:
         # Like Anthropic's, Converse's inputTokens leaves out cache reads and writes.
         u = self.usage
+        if not plausible_usage(usage):
+            u.distrusted = True
+            return
         u.input_tokens = usage.get("inputTokens") or 0
         u.output_tokens = usage.get("outputTokens") or 0
         u.cache_read_tokens = usage.get("cacheReadInputTokens") or 0

@@ -13,6 +13,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
+from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
     Api,
@@ -117,6 +118,9 @@ class GeminiWatcher(StreamWatcher):
         return any(key in part for key in CONTENT_PARTS)
 
     def _take_usage(self, usage: dict[str, Any]) -> None:
+        if not plausible_usage(usage):
+            self.usage.distrusted = True
+            return
         cached = usage.get("cachedContentTokenCount") or 0
         thoughts = usage.get("thoughtsTokenCount") or 0
         u = self.usage
@@ -170,6 +174,10 @@ class Gemini(Api):
     def output_cap(self, facts: RequestFacts) -> int | None:
         config = snake_or_camel(facts.body, "generationConfig", "generation_config")
         return whole_number(snake_or_camel(config, "maxOutputTokens", "max_output_tokens"))
+
+    def choices(self, facts: RequestFacts) -> int:
+        config = snake_or_camel(facts.body, "generationConfig", "generation_config")
+        return whole_number(snake_or_camel(config, "candidateCount", "candidate_count")) or 1
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):

@@ -8,6 +8,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
+from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
     Api,
@@ -95,6 +96,9 @@ class ChatWatcher(StreamWatcher):
 
     def _take_usage(self, usage: dict[str, Any]) -> None:
         self.usage_obj = usage
+        if not plausible_usage(usage):
+            self.usage.distrusted = True
+            return
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
         u = self.usage
@@ -217,6 +221,9 @@ class ChatCompletions(OpenAIApi):
 
     def output_cap(self, facts: RequestFacts) -> int | None:
         return whole_number(facts.body.get("max_completion_tokens")) or whole_number(facts.body.get("max_tokens"))
+
+    def choices(self, facts: RequestFacts) -> int:
+        return whole_number(facts.body.get("n")) or 1
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

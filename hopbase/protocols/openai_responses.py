@@ -7,6 +7,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind
 from core.sse import Event
+from core.usage import plausible_usage
 from core.vocabulary import ApiName
 from hopbase.protocols.base import (
     Mark,
@@ -69,8 +70,11 @@ class ResponsesWatcher(StreamWatcher):
         return Mark.PREAMBLE
 
     def _take_usage(self, usage: dict[str, Any]) -> None:
-        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
         u = self.usage
+        if not plausible_usage(usage):
+            u.distrusted = True
+            return
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
         u.input_tokens = max(0, (usage.get("input_tokens") or 0) - cached)
         u.cache_read_tokens = cached
         u.output_tokens = usage.get("output_tokens") or 0

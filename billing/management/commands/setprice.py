@@ -1,5 +1,5 @@
 """setprice MODEL --input USD_PER_MTOK --output USD_PER_MTOK
-[--cache-read USD_PER_MTOK] [--cache-write USD_PER_MTOK]
+[--cache-read USD_PER_MTOK] [--cache-write USD_PER_MTOK] [--max-output-tokens N]
 
 Adds a price row effective now. Older rows are never changed: requests made
 before now keep the price they were made under. The admin log has the row's
@@ -28,6 +28,9 @@ class Command(OperatorCommand):
         parser.add_argument("--output", required=True, metavar="USD_PER_MTOK", help="Output tokens, thinking included")
         parser.add_argument("--cache-read", default="0", metavar="USD_PER_MTOK", help="Cached input read (default 0)")
         parser.add_argument("--cache-write", default="0", metavar="USD_PER_MTOK", help="Cache write (default 0)")
+        parser.add_argument("--max-output-tokens", type=int, metavar="N",
+                            help="The model's output ceiling, reserved for requests that name no limit "
+                                 "(default HOPBASE_DEFAULT_OUTPUT_CAP)")
 
     def handle(self, *args, **options) -> None:
         names = checked(options["model"], parse_model_names, "model")
@@ -40,9 +43,13 @@ class Command(OperatorCommand):
             "cache_read_usd_per_mtok": parse_price(options["cache_read"], "--cache-read"),
             "cache_write_usd_per_mtok": parse_price(options["cache_write"], "--cache-write"),
         }
+        ceiling = options["max_output_tokens"]
+        if ceiling is not None and ceiling < 1:
+            raise CommandError("--max-output-tokens: must be a positive number of tokens")
         try:
             with transaction.atomic():
-                price = ModelPrice.objects.create(model=model, effective_from=timezone.now(), **prices)
+                price = ModelPrice.objects.create(model=model, effective_from=timezone.now(),
+                                                  max_output_tokens=ceiling, **prices)
                 audit.added(price)
         except IntegrityError:  # the same model priced in the same microsecond
             raise CommandError(f"{model} was priced at this very moment by someone else; try again") from None

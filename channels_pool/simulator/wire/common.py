@@ -56,9 +56,14 @@ class Script:
     include_usage: bool = False  # Chat: stream_options.include_usage
     sse: bool = True  # Gemini: ?alt=sse, else the JSON array form
     request: Mapping[str, Any] | None = None
+    # The output count the usage reports instead of the true one: a
+    # misbehaving provider's (negative, or far too large).
+    reported_output: int | None = None
 
     @property
     def output_tokens(self) -> int:
+        if self.reported_output is not None:
+            return self.reported_output
         return len(self.thinking) + len(self.text)
 
     @property
