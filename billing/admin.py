@@ -95,7 +95,10 @@ class ModelPriceForm(forms.ModelForm):
 
     class Meta:
         model = ModelPrice
-        fields = ["model", *PRICE_FIELDS, "max_output_tokens", "effective_from"]
+        fields = ["model", *PRICE_FIELDS, "max_output_tokens", "extras", "effective_from"]
+        help_texts = {"extras": 'Surcharges allowed on this model (rule B10), each a multiplier of the token '
+                                'charge, e.g. {"service_tier:priority": "2", "tool:web_search": "1.2"}. '
+                                'A request switching on a surcharge not named here is refused.'}
 
     def clean_model(self) -> str:
         names = parse_model_names(self.cleaned_data["model"])
@@ -129,7 +132,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
         return False  # a mistake is corrected by a newer row
 
     def get_readonly_fields(self, request, obj=None):
-        return ("model", *PRICE_FIELDS, "max_output_tokens", "effective_from") if obj is not None else ()
+        return ("model", *PRICE_FIELDS, "max_output_tokens", "extras", "effective_from") if obj is not None else ()
 
 
 class ModelFilter(admin.SimpleListFilter):
@@ -207,7 +210,7 @@ class RequestLogAdmin(ReadOnlyAdmin):
                                 "attempts", "upstream_status", "ttft_ms", "duration_ms")}),
         ("Usage and charge", {"fields": ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
                                          "thinking_tokens", "usage_estimated", "prompt_chars", "sent_chars",
-                                         "price_multiplier", "charge_usd", "settled_at")}),
+                                         "price_multiplier", "extras", "charge_usd", "settled_at")}),
     )
 
     @admin.display(description="time (UTC)", ordering="created_at")

@@ -40,7 +40,7 @@ from hopbase.models import Tenant
 COLUMNS = (
     "request_id", "created_at", "tenant", "api_key", "model", "channel", "protocol", "stream", "status",
     "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
-    "charge_usd", "settled",
+    "charge_usd", "settled", "extras",
 )
 CHUNK_SIZE = 2000
 
@@ -76,7 +76,7 @@ def for_export(logs: QuerySet[RequestLog]) -> QuerySet[RequestLog]:
 SOURCE = (
     "request_id", "created_at", "tenant__name", "api_key__prefix", "model", "channel__name", "protocol", "stream",
     "status", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "usage_estimated",
-    "charge_usd", "settled_at",
+    "charge_usd", "settled_at", "extras",
 )
 
 
@@ -87,7 +87,7 @@ def utc_iso(moment: dt.datetime) -> str:
 def export_row(values: tuple[Any, ...]) -> Row:
     """One export row from the values of SOURCE, in that order."""
     (request_id, created_at, tenant, api_key, model, channel, protocol, stream, status, input_tokens,
-     output_tokens, cache_read_tokens, cache_write_tokens, usage_estimated, charge_usd, settled_at) = values
+     output_tokens, cache_read_tokens, cache_write_tokens, usage_estimated, charge_usd, settled_at, extras) = values
     return {
         "request_id": request_id,
         "created_at": utc_iso(created_at),
@@ -105,6 +105,8 @@ def export_row(values: tuple[Any, ...]) -> Row:
         "usage_estimated": usage_estimated,
         "charge_usd": usd_text(charge_usd) if charge_usd is not None else "",
         "settled": settled_at is not None,
+        # The surcharges priced into the charge (B10), e.g. "service_tier:priority x2".
+        "extras": extras,
     }
 
 

@@ -38,6 +38,7 @@ class Finished:
     duration_ms: int = 0
     upstream_status: int | None = None
     price_multiplier: Decimal | None = None
+    extras: str = ""  # surcharges priced into price_multiplier (B10)
     # For the request's log line only (not stored on the row).
     key_prefix: str = ""
     channel_name: str = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -30,6 +31,22 @@ class ModelPriceQuerySet(models.QuerySet):
         return prices
 
 
+def valid_extras(value: object) -> None:
+    """A price's surcharges (B10): feature -> a multiplier of the token
+    charge, an exact decimal string from 0 to 100 with at most 4 places."""
+    if not isinstance(value, dict):
+        raise ValidationError("Surcharges are an object: feature -> multiplier.")
+    for feature, multiplier in value.items():
+        if not isinstance(feature, str) or not feature or not isinstance(multiplier, str):
+            raise ValidationError(f"{feature!r}: give the multiplier as a decimal string, e.g. \"1.5\".")
+        try:
+            number = Decimal(multiplier)
+        except ArithmeticError:
+            raise ValidationError(f"{feature}: {multiplier!r} is not a decimal number.") from None
+        if not number.is_finite() or not 0 <= number <= 100 or number.as_tuple().exponent < -4:
+            raise ValidationError(f"{feature}: the multiplier must be from 0 to 100, with at most 4 decimal places.")
+
+
 class ModelPrice(models.Model):
     """USD per million tokens. A new price is a new row from a moment on, so a
     change never rewrites what earlier requests cost."""
@@ -42,6 +59,9 @@ class ModelPrice(models.Model):
     # The most output tokens one answer of the model can have (G7): what a
     # request naming no limit is reserved for. Empty: HOPBASE_DEFAULT_OUTPUT_CAP.
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Surcharges the operator allows on this model (B10, core.surcharges):
+    # feature -> multiplier of the token charge, as an exact decimal string.
+    extras = models.JSONField(default=dict, blank=True, validators=[valid_extras])
     effective_from = models.DateTimeField(default=timezone.now)
 
     objects = ModelPriceQuerySet.as_manager()
@@ -105,6 +125,8 @@ class RequestLog(models.Model):
     # The tenant's price multiplier when the request was made (null: rows
     # from before it was recorded, which use the tenant's current one).
     price_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # The surcharges priced into price_multiplier (B10), e.g. "service_tier:priority x2".
+    extras = models.CharField(max_length=200, blank=True, default="")
     charge_usd = models.DecimalField(**USD, null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True, db_index=True)
 

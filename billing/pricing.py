@@ -7,7 +7,8 @@ reaches back to earlier requests however late they settle.
 The one rounding rule: every token class is priced exactly (USD per million
 tokens x tokens / 1,000,000), the four amounts are summed, the sum is
 multiplied by the tenant's ``price_multiplier`` as it was when the request
-was made (``RequestLog.price_multiplier``), and only that final amount
+was made, times the multiplier of every surcharge it switched on (B10,
+``with_surcharges``; together ``RequestLog.price_multiplier``), and only that final amount
 is rounded, once, to 10 decimal places (``RequestLog.charge_usd`` and the
 ledger hold 10), half up. The arithmetic runs in a decimal context wide
 enough that nothing is rounded before that step.
@@ -22,14 +23,16 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 from collections.abc import Callable, Iterable
-from decimal import Decimal, localcontext
+from decimal import ROUND_UP, Decimal, localcontext
 from typing import Protocol
 
 from django.utils import timezone
 
 from billing.models import ModelPrice
+from core.errors import ErrorKind, GatewayError
 from core.money import CHARGE_QUANTUM, round_charge
 from core.snapshots import Snapshot
+from core.surcharges import Surcharge
 from core.vocabulary import RequestStatus
 
 MILLION = Decimal(1_000_000)
@@ -147,3 +150,32 @@ class PriceBook:
 
 
 prices = PriceBook()
+
+
+# The row keeps a multiplier to four places; rounding up never under-bills.
+MULTIPLIER_PLACES = Decimal("0.0001")
+
+
+def with_surcharges(asked: list[Surcharge], extras: dict[str, str] | None,
+                    multiplier: Decimal) -> tuple[Decimal, str]:
+    """B10: the caller's multiplier with every surcharge the request asks
+    for applied, and the row's ``extras`` text naming them; a refusal (400
+    in the caller's format) naming the first one the model's price
+    (``ModelPrice.extras``: feature -> multiplier of the token charge) does
+    not name."""
+    named: list[str] = []
+    for surcharge in asked:
+        if surcharge.feature in named:
+            continue
+        price = (extras or {}).get(surcharge.feature)
+        if price is None:
+            raise GatewayError(
+                ErrorKind.MALFORMED,
+                f"`{surcharge.field}` switches on `{surcharge.feature}`, which this gateway has no price for "
+                f"on this model. Remove it, or ask the operator to price it.")
+        multiplier *= Decimal(price)
+        named.append(surcharge.feature)
+    if not named:
+        return multiplier, ""
+    text = " ".join(f"{feature} x{Decimal(extras[feature]).normalize():f}" for feature in named)
+    return multiplier.quantize(MULTIPLIER_PLACES, rounding=ROUND_UP), text

@@ -109,6 +109,7 @@ def to_row(item: Finished) -> RequestLog:
         duration_ms=item.duration_ms,
         upstream_status=item.upstream_status,
         price_multiplier=item.price_multiplier,
+        extras=item.extras,
     )
 
 

@@ -59,6 +59,7 @@ class Caller:
     tpm: int | None = None  # tokens per minute (G5)
     price_multiplier: Decimal = Decimal("1")
     expires_at: float | None = None  # Unix time after which the key is refused; None: never
+    extras: str = ""  # the request's priced surcharges (B10), in price_multiplier
 
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -78,6 +79,7 @@ class Caller:
             protocol=api,
             status=status,
             price_multiplier=self.price_multiplier,
+            extras=self.extras,
             key_prefix=self.key_prefix,
             **fields,
         )

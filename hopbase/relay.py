@@ -118,6 +118,8 @@ class Relay:
         try:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
+            if asked := api.surcharges(facts, headers):
+                run.caller = caller = await self.spend.surcharged(caller, facts.model, asked)
             run.hold = await self.spend.admit(caller, api, facts, request_id)
             pinned = await self._pinned(api, caller, facts)
             legs = legs_for(api, facts, request_id)

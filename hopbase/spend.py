@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -43,10 +43,11 @@ from billing.budget_windows import describe, window_at
 from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import AlertType, Budget, ModelPrice
-from billing.pricing import Unpriced, charge_for
+from billing.pricing import Unpriced, charge_for, with_surcharges
 from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import Snapshot, database_call
+from core.surcharges import Surcharge
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.protocols.base import Api, RequestFacts, nontext_tokens
@@ -178,6 +179,14 @@ class Spend:
                 raise
             hold.tpm_key = caller.key_id
         return hold
+
+    async def surcharged(self, caller: Caller, model: str, asked: list[Surcharge]) -> Caller:
+        """The caller for a request that switches surcharges on (B10): its
+        multiplier with their prices applied, or the refusal naming the
+        first one the model's price does not allow."""
+        price = (await self.prices.get()).get(model)
+        multiplier, extras = with_surcharges(asked, price.extras if price else None, caller.price_multiplier)
+        return replace(caller, price_multiplier=multiplier, extras=extras)
 
     async def _reserve(self, hold: Hold, amount: int) -> None:
         now = datetime.now(UTC)
@@ -312,6 +321,9 @@ class Unmetered:
 
     async def admit(self, caller: Caller, api: Api, facts: RequestFacts, request_id: str) -> Hold | None:
         return None
+
+    async def surcharged(self, caller: Caller, model: str, asked: list[Surcharge]) -> Caller:
+        return caller
 
     def ended(self, hold: Hold | None, record: Finished | None) -> None:
         """Nothing held."""

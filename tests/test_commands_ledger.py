@@ -162,16 +162,16 @@ def test_it_exports_csv_columns_and_values(billing_logs):
     key, *_ = billing_logs
     rows = list(csv.reader(io.StringIO(run("exportbilling"))))
     assert rows[0] == list(COLUMNS)
-    assert rows[0][-1] == "settled" and rows[0][-2] == "charge_usd"
+    assert rows[0][-3:] == ["charge_usd", "settled", "extras"]
     assert [row[0] for row in rows[1:]] == ["req-1", "req-2", "req-3"]
     assert rows[1] == [
         "req-1", "2025-03-01T12:00:00.000000Z", "acme", key.prefix, "claude-x", "up-1", "anthropic", "true",
-        "cancelled", "1200", "34", "5", "6", "true", "0.0012345", "true",
+        "cancelled", "1200", "34", "5", "6", "true", "0.0012345", "true", "",
     ]
     # No channel, charge not computed, not settled.
-    assert rows[2][5] == "" and rows[2][7] == "false" and rows[2][-2:] == ["", "false"]
+    assert rows[2][5] == "" and rows[2][7] == "false" and rows[2][-3:] == ["", "false", ""]
     # No key, a zero charge.
-    assert rows[3][3] == "" and rows[3][-2:] == ["0.00", "false"]
+    assert rows[3][3] == "" and rows[3][-3:] == ["0.00", "false", ""]
 
 
 def test_it_exports_jsonl_with_types(billing_logs):
@@ -185,7 +185,7 @@ def test_it_exports_jsonl_with_types(billing_logs):
         "request_id": "req-1", "created_at": "2025-03-01T12:00:00.000000Z", "tenant": "acme", "api_key": key.prefix,
         "model": "claude-x", "channel": "up-1", "protocol": "anthropic", "stream": True, "status": "cancelled",
         "input_tokens": 1200, "output_tokens": 34, "cache_read_tokens": 5, "cache_write_tokens": 6,
-        "usage_estimated": True, "charge_usd": "0.0012345", "settled": True,
+        "usage_estimated": True, "charge_usd": "0.0012345", "settled": True, "extras": "",
     }
     assert records[1]["stream"] is False and records[1]["charge_usd"] == "" and records[1]["settled"] is False
 

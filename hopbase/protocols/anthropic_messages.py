@@ -9,6 +9,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
+from core.surcharges import Surcharge, anthropic_surcharges
 from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
@@ -165,6 +166,9 @@ class Messages(Api):
 
     def output_cap(self, facts: RequestFacts) -> int | None:
         return whole_number(facts.body.get("max_tokens"))
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        return anthropic_surcharges(facts.body, client_headers)
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

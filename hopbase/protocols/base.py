@@ -18,6 +18,7 @@ import orjson
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
+from core.surcharges import Surcharge
 from core.usage import Usage, estimate_tokens
 from core.vocabulary import ApiName, WireProtocol
 
@@ -234,6 +235,11 @@ class Api:
     def choices(self, facts: RequestFacts) -> int:
         """How many answers the request asks for, each up to its output cap (G7)."""
         return 1
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        """What the request switches on that a channel bills beyond its
+        tokens (B10, ``core.surcharges``)."""
+        return []
 
     def upstream_calls(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Call]:
         """The calls this request is to a channel: one, or one per part."""

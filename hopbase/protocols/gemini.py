@@ -13,6 +13,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
+from core.surcharges import Surcharge, gemini_surcharges
 from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
@@ -178,6 +179,9 @@ class Gemini(Api):
     def choices(self, facts: RequestFacts) -> int:
         config = snake_or_camel(facts.body, "generationConfig", "generation_config")
         return whole_number(snake_or_camel(config, "candidateCount", "candidate_count")) or 1
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        return gemini_surcharges(facts.body)
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         if not isinstance(body, dict):

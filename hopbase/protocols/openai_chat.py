@@ -8,6 +8,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
+from core.surcharges import Surcharge, openai_surcharges
 from core.usage import plausible_usage
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols.base import (
@@ -224,6 +225,9 @@ class ChatCompletions(OpenAIApi):
 
     def choices(self, facts: RequestFacts) -> int:
         return whole_number(facts.body.get("n")) or 1
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        return openai_surcharges(facts.body, tools_hosted=False)
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

@@ -7,6 +7,7 @@ from typing import Any
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind
 from core.sse import Event
+from core.surcharges import Surcharge, openai_surcharges
 from core.usage import plausible_usage
 from core.vocabulary import ApiName
 from hopbase.protocols.base import (
@@ -121,6 +122,9 @@ class Responses(OpenAIApi):
 
     def output_cap(self, facts: RequestFacts) -> int | None:
         return whole_number(facts.body.get("max_output_tokens"))
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        return openai_surcharges(facts.body, tools_hosted=True)
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

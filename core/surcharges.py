@@ -1,0 +1,114 @@
+"""Provider surcharges (B10): what a request switches on that a channel
+bills beyond its tokens, refused unless the operator has priced it.
+
+Each client API names the surcharges a request asks for (``Api.surcharges``:
+a feature and the field that asks for it), before any channel is called:
+
+    service_tier:<tier>      OpenAI ``service_tier`` other than auto/default
+    background               Responses ``background: true`` (the provider
+                             keeps generating after the client has gone)
+    tool:<name>              a hosted tool: web_search, file_search,
+                             code_interpreter, image_generation, mcp, ...;
+                             Anthropic's server tools (web_search,
+                             web_fetch, code_execution); Gemini's
+                             google_search, url_context, google_maps
+    anthropic-beta:<flag>    a priced beta: context-1m (long context),
+                             extended-cache-ttl (1-hour cache writes)
+    cache_ttl:1h             a 1-hour ``cache_control`` in the body
+
+A model's price prices them (``billing.pricing.with_surcharges``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Surcharge:
+    feature: str  # e.g. "service_tier:priority"
+    field: str  # where the request asks for it, for the refusal
+
+
+def tool_name(kind: str) -> str:
+    """A hosted tool's type without its version: ``web_search_20250305`` and
+    ``web_search_preview_2025_03_11`` are both ``web_search``."""
+    parts = kind.split("_")
+    while parts and (parts[-1].isdigit() or parts[-1] == "preview"):
+        parts.pop()
+    return "_".join(parts) or kind
+
+
+def one_hour_cache(value: object) -> bool:
+    """Whether a ``cache_control`` anywhere in the body asks for a 1-hour TTL."""
+    if isinstance(value, dict):
+        control = value.get("cache_control")
+        if isinstance(control, dict) and control.get("ttl") == "1h":
+            return True
+        return any(one_hour_cache(item) for item in value.values() if isinstance(item, (dict, list)))
+    if isinstance(value, list):
+        return any(one_hour_cache(item) for item in value)
+    return False
+
+
+# Tools a client runs itself: billed as tokens, nothing more.
+CLIENT_TOOLS = frozenset({"function", "custom", "bash", "text_editor", "str_replace_editor",
+                          "str_replace_based_edit_tool", "computer", "memory", "local_shell", "apply_patch"})
+# Anthropic's tools that run on Anthropic's side, billed per use or time.
+ANTHROPIC_SERVER_TOOLS = frozenset({"web_search", "web_fetch", "code_execution"})
+# Gemini's tool entries that Google bills beyond tokens, by either spelling.
+GEMINI_TOOLS = {"googleSearch": "google_search", "google_search": "google_search",
+                "googleSearchRetrieval": "google_search", "google_search_retrieval": "google_search",
+                "urlContext": "url_context", "url_context": "url_context",
+                "googleMaps": "google_maps", "google_maps": "google_maps"}
+# anthropic-beta flags that change the price (long context, 1-hour cache).
+PRICED_BETAS = ("context-1m", "extended-cache-ttl")
+
+
+def openai_surcharges(body: dict, tools_hosted: bool) -> list[Surcharge]:
+    """``service_tier`` above the default, ``background``, and hosted tools
+    (``tools_hosted``: Responses, where any tool type but a function's is
+    run by OpenAI; Chat's only hosted tool is ``web_search_options``)."""
+    found: list[Surcharge] = []
+    tier = body.get("service_tier")
+    if tier not in (None, "auto", "default"):
+        found.append(Surcharge(f"service_tier:{tier}", "service_tier"))
+    if body.get("background") is True:
+        found.append(Surcharge("background", "background"))
+    if body.get("web_search_options") is not None:
+        found.append(Surcharge("tool:web_search", "web_search_options"))
+    tools = body.get("tools")
+    for n, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if tools_hosted and isinstance(kind, str) and tool_name(kind) not in CLIENT_TOOLS:
+            found.append(Surcharge(f"tool:{tool_name(kind)}", f"tools[{n}].type"))
+    return found
+
+
+def anthropic_surcharges(body: dict, headers: dict[str, str]) -> list[Surcharge]:
+    found: list[Surcharge] = []
+    tools = body.get("tools")
+    for n, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and tool_name(kind) in ANTHROPIC_SERVER_TOOLS:
+            found.append(Surcharge(f"tool:{tool_name(kind)}", f"tools[{n}].type"))
+    if body.get("mcp_servers"):
+        found.append(Surcharge("tool:mcp", "mcp_servers"))
+    for flag in headers.get("anthropic-beta", "").split(","):
+        flag = flag.strip()
+        for priced in PRICED_BETAS:
+            if flag.startswith(priced):
+                found.append(Surcharge(f"anthropic-beta:{priced}", "anthropic-beta"))
+    if one_hour_cache(body):
+        found.append(Surcharge("cache_ttl:1h", "cache_control.ttl"))
+    return found
+
+
+def gemini_surcharges(body: dict) -> list[Surcharge]:
+    found: list[Surcharge] = []
+    tools = body.get("tools")
+    for n, tool in enumerate(tools if isinstance(tools, list) else []):
+        for key in tool if isinstance(tool, dict) else ():
+            if key in GEMINI_TOOLS:
+                found.append(Surcharge(f"tool:{GEMINI_TOOLS[key]}", f"tools[{n}].{key}"))
+    return found
