@@ -297,6 +297,29 @@ class TestThroughTheGateway:
         mine = post(gateway, "gemini", world.key, "affinity-model", "and then?", cachedContent=name)
         assert mine.status_code == 200
 
+    @pytest.mark.parametrize(("spellings", "status"), [
+        ({"cachedContent": "", "cached_content": "NAME"}, 400),
+        ({"cachedContent": None, "cached_content": "NAME"}, 400),
+        ({"cached_content": "NAME"}, 404),
+        ({"cachedContent": {"name": "NAME"}}, 400),
+    ])
+    def test_no_spelling_of_a_cache_name_skips_the_owner_check(self, gateway, world, spellings, status):
+        from tests.relay_checks import new_tag, post
+        from tests.wire import records, wait_for_records
+
+        tag = new_tag()
+        contents = [{"role": "user", "parts": [{"text": f"doc [sim tag={tag}]"}]}]
+        created = httpx.post(f"{gateway.url}/v1beta/cachedContents",
+                             json={"model": "models/affinity-model", "contents": contents},
+                             headers={"x-goog-api-key": world.key})
+        name = created.json()["name"]
+        wait_for_records(world.simulator.url, tag)
+        body = orjson.loads(orjson.dumps(spellings).replace(b"NAME", name.encode()))
+        other = post(gateway, "gemini", world.other_key, "affinity-model", f"peek [sim tag={tag}]", **body)
+        assert other.status_code == status, other.text
+        assert other.json()["error"]["status"] == ("NOT_FOUND" if status == 404 else "INVALID_ARGUMENT")
+        assert len(records(world.simulator.url, tag)) == 1  # the creation only: nothing forwarded
+
     def test_the_owner_of_a_response_is_written_to_the_database(self, gateway, world):
         from channels_pool.models import ProviderState
         from tests.relay_checks import post

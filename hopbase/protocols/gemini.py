@@ -190,7 +190,7 @@ class Gemini(Api):
         config = snake_or_camel(body, "generationConfig", "generation_config")
         thinking = snake_or_camel(config, "thinkingConfig", "thinking_config")
         budget = snake_or_camel(thinking, "thinkingBudget", "thinking_budget")
-        cached = snake_or_camel(body, "cachedContent", "cached_content")
+        cached = self._cached_content(body)
         system = snake_or_camel(body, "systemInstruction", "system_instruction")
         return RequestFacts(
             model=route["model"],
@@ -199,9 +199,25 @@ class Gemini(Api):
             raw_body=raw_body,
             thinking=budget != 0,
             prompt_chars=prompt_text_chars(contents) + prompt_text_chars(system),
-            affinity_key=cached if isinstance(cached, str) and cached else None,
+            affinity_key=cached,
             route=route,
         )
+
+    @staticmethod
+    def _cached_content(body: dict[str, Any]) -> str | None:
+        """The cache a request names, whichever spelling it uses (P9). The
+        owner check must see what Google will read: a body with both
+        spellings, or with one that is not a cache name, is refused."""
+        given = [(name, body[name]) for name in ("cachedContent", "cached_content") if name in body]
+        if len(given) > 1:
+            raise GatewayError(ErrorKind.MALFORMED, "Give `cachedContent` once: this request has both "
+                                                    "`cachedContent` and `cached_content`.", param="cachedContent")
+        if not given or given[0][1] is None:
+            return None
+        name, value = given[0]
+        if not isinstance(value, str) or not value:
+            raise GatewayError(ErrorKind.MALFORMED, f"`{name}` must be the name of a cached content.", param=name)
+        return value
 
     def upstream_call(self, facts: RequestFacts, client_headers: dict[str, str]) -> Call:
         agent = client_headers.get("user-agent")
