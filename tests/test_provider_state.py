@@ -372,3 +372,41 @@ class TestThroughTheGateway:
         assert {c: failures for c, (_, failures) in after.items()} == {
             c: before.get(c, (0, 0))[1] for c in after
         }
+
+
+# -- a client's bad request never counts against a channel (F2) ------------------------
+
+UNKNOWN_FIELD = orjson.dumps({"error": {
+    "code": 400, "status": "INVALID_ARGUMENT",
+    "message": 'Invalid JSON payload received. Unknown name "API_KEY_INVALID": Cannot find field.',
+    "details": [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                 "fieldViolations": [{"description": 'Unknown name "API_KEY_INVALID"'}]}]}})
+KEY_REFUSED = orjson.dumps({"error": {
+    "code": 400, "status": "INVALID_ARGUMENT", "message": "API key not valid. Please pass a valid API key.",
+    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+                 "domain": "googleapis.com"}]}})
+
+
+@pytest.mark.parametrize(("answer", "channel_fault"), [(UNKNOWN_FIELD, False), (KEY_REFUSED, True)])
+def test_a_gemini_400_is_the_channels_fault_only_when_google_refuses_its_key(settings, answer, channel_fault):
+    settings.HOPBASE_BREAKER_FAILURES = 1
+    upstream = Upstream()
+    first = upstream.channel("first", Answer(400, answer), protocol=GEMINI.wire)
+    second = upstream.channel("second", Answer(400, answer), protocol=GEMINI.wire)
+    bench = build(upstream, [first, second])
+    request = gemini_request("")
+    del request["body"]["cachedContent"]
+    reply = asyncio.run(serve(bench, GEMINI, request["body"], request["route"]))
+    breaker = bench.board._breakers.get(first.id)
+    if channel_fault:  # failed over, and the channel's breaker counts it
+        assert len(upstream["second"].requests) == 1 and breaker.failures == 1
+    else:  # the client's own 400, passed back; the channel is as healthy as before
+        assert reply.status == 400 and upstream["second"].requests == []
+        assert breaker is None or (breaker.state, breaker.failures) == ("closed", 0)
+
+
+def test_an_unknown_key_on_gemini_gets_googles_own_words():
+    status, body = GEMINI.error_body(GatewayError(ErrorKind.INVALID_KEY))
+    error = orjson.loads(body)["error"]
+    assert (status, error["message"]) == (400, "API key not valid. Please pass a valid API key.")
+    assert error["details"][0]["reason"] == "API_KEY_INVALID"

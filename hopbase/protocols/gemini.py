@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+import orjson
+
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_status
 from core.sse import Event
@@ -48,10 +50,16 @@ CACHE_UNKNOWN = b"CachedContent not found"
 CONTENT_PARTS = ("functionCall", "function_call", "inlineData", "inline_data", "executableCode", "executable_code")
 
 
+# Google's own words for a key it does not know: SDKs and LiteLLM key on this
+# text (LiteLLM maps only it to AuthenticationError).
+KEY_NOT_VALID = "API key not valid. Please pass a valid API key."
+
+
 def gemini_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
     status, name = GEMINI_ERRORS[kind]
     error: dict[str, Any] = {"code": status, "message": message, "status": name}
     if kind is ErrorKind.INVALID_KEY:
+        error["message"] = KEY_NOT_VALID
         error["details"] = [
             {
                 "@type": "type.googleapis.com/google.rpc.ErrorInfo",
@@ -66,6 +74,23 @@ def snake_or_camel(mapping: Any, camel: str, snake: str) -> Any:
     if not isinstance(mapping, dict):
         return None
     return mapping.get(camel, mapping.get(snake))
+
+
+def refuses_the_key(body: bytes) -> bool:
+    """Whether a Gemini 400 is Google refusing the channel's key: an
+    ``ErrorInfo`` detail whose reason is API_KEY_INVALID. The words alone
+    prove nothing: Google quotes a client's unknown field names back, so a
+    tenant could write them into its own bad request (F2)."""
+    if b"API_KEY_INVALID" not in body:
+        return False
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    details = error.get("details") if isinstance(error, dict) else None
+    return any(isinstance(d, dict) and d.get("reason") == "API_KEY_INVALID"
+               and str(d.get("@type", "")).endswith("google.rpc.ErrorInfo") for d in details or ()
+               if isinstance(details, list))
 
 
 class GeminiWatcher(StreamWatcher):
@@ -230,7 +255,8 @@ class Gemini(Api):
             # another account's) with 403: the request's fault, not the channel's.
             return UpstreamFailure(f"http_{status}", status, channel_fault=False, about_state=True)
         # Gemini refuses a bad key with a 400; that is the channel's fault.
-        return failure_from_status(status, api_key_invalid=status == 400 and b"API_KEY_INVALID" in body, retry_after=retry_after)
+        return failure_from_status(status, api_key_invalid=status == 400 and refuses_the_key(body),
+                                   retry_after=retry_after)
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         status, body = gemini_error(error.kind, error.message)
