@@ -26,6 +26,7 @@ import orjson
 
 from channels_pool.http_client import new_client
 from channels_pool.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
+from channels_pool.masking import masked
 from channels_pool.models import Channel
 from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
@@ -36,11 +37,6 @@ PROMPT = "Reply with OK."
 MAX_TOKENS = 16  # enough for any model to answer at all (some refuse fewer), few enough to cost nothing
 TIMEOUT = 30.0  # seconds for the whole answer
 GEMINI_API_VERSION = "v1beta"
-# Shown where a piece of the channel's credential was, should a provider echo one back.
-MASK = "••••"
-# Shorter pieces of a credential (an AWS session token's parts, say) are not
-# looked for: they would match ordinary words. The whole secret always is.
-MIN_MASKED = 8
 # What the operator is told for failures that carry no provider text.
 NO_ANSWER = {"connect": "could not connect to the channel", "timeout": "the connection timed out",
              "cut": "the channel cut the answer short", "internal": "the answer could not be read"}
@@ -186,34 +182,3 @@ def is_end(grammar: WireProtocol, event: Event) -> bool:
         return isinstance(candidates, list) and any(
             isinstance(candidate, dict) and candidate.get("finishReason") for candidate in candidates)
     return event.name == "metadata"  # Converse: usage, after messageStop
-
-
-def masked(text: str, secret: str) -> str:
-    """``text`` with no piece of the channel's credential in it: a provider
-    may quote a refused key back (the parts of an AWS key pair, a service
-    account's private key or its id included)."""
-    if not secret:
-        return text
-    pieces = credential_pieces(secret)
-    for piece in sorted(pieces, key=len, reverse=True):
-        if piece == secret or len(piece) >= MIN_MASKED:
-            text = text.replace(piece, MASK)
-    return text
-
-
-def credential_pieces(secret: str) -> set[str]:
-    """The secret, and the parts of it a provider might quote on their own."""
-    if not secret.lstrip().startswith("{"):
-        return {secret, *secret.split(":")}
-    try:
-        info = orjson.loads(secret)
-    except orjson.JSONDecodeError:
-        return {secret}
-    pieces = {secret}
-    if isinstance(info, dict):
-        for name in ("private_key", "private_key_id"):
-            if isinstance(info.get(name), str) and info[name]:
-                pieces.add(info[name])
-                # A PEM key may be quoted a line at a time.
-                pieces.update(line for line in info[name].splitlines() if "-----" not in line)
-    return pieces

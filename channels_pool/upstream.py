@@ -30,8 +30,9 @@ from channels_pool.http_client import (
     retry_after_seconds,
     timed_out,
 )
-from channels_pool.parts import read_in_parts
 from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
+from channels_pool.masking import masked
+from channels_pool.parts import read_in_parts
 from core.errors import UpstreamFailure
 from core.sse import Event
 
@@ -166,7 +167,9 @@ class Attempt:
     async def _refused(self, response: httpx.Response) -> UpstreamFailure:
         body = await read_up_to(response, MAX_ERROR_BODY)
         failure = self._classify(response.status_code, body, retry_after_seconds(response.headers))
-        return replace(failure, detail=failure.detail or body[:MAX_DETAIL].decode("utf-8", "replace"))
+        # The detail is kept for operators (the channel's health): never a piece of its secret.
+        detail = failure.detail or body[:MAX_ERROR_BODY].decode("utf-8", "replace")
+        return replace(failure, detail=masked(detail, self.channel.secret)[:MAX_DETAIL])
 
     async def _whole(self, response: httpx.Response, upstream: UpstreamRequest) -> bytes:
         body = await read_up_to(response, MAX_WHOLE_BODY)

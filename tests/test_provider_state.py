@@ -410,3 +410,14 @@ def test_an_unknown_key_on_gemini_gets_googles_own_words():
     error = orjson.loads(body)["error"]
     assert (status, error["message"]) == (400, "API key not valid. Please pass a valid API key.")
     assert error["details"][0]["reason"] == "API_KEY_INVALID"
+
+
+def test_a_provider_quoting_the_channels_key_leaves_no_secret_in_its_health():
+    upstream = Upstream()
+    quoting = upstream.channel("quoting", Answer(401, b'{"error": {"message": "Incorrect API key provided: '
+                                                       b'sk-quoting. You can find your API key at ..."}}'))
+    bench = build(upstream, [quoting])
+    asyncio.run(serve(bench, RESPONSES, {"model": "any", "stream": True, "input": "hi"}))
+    breaker = bench.board._breakers[quoting.id]
+    assert "Incorrect API key provided" in breaker.last_error  # the operator still reads the provider's words
+    assert quoting.secret not in breaker.last_error
