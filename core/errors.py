@@ -21,6 +21,9 @@ class ErrorKind(enum.Enum):
     INVALID_KEY = "invalid_key"
     MODEL_NOT_FOUND = "model_not_found"
     MALFORMED = "malformed"
+    # A provider's content filter refused the prompt (Azure's 400
+    # ``content_filter``): the request's fault, told as the provider says it.
+    CONTENT_FILTER = "content_filter"
     TOO_LARGE = "too_large"
     BALANCE = "balance"
     # A budget (G3) has no room for the request in its window.
@@ -64,7 +67,8 @@ UPSTREAM_REJECTED_MESSAGE = "The model provider rejected the request as invalid.
 CONTENT_FILTERED_MESSAGE = "The model provider's content filter refused the request."
 RETRY_AFTER_CAP = 60
 # Errors a retry cannot mend: clients are told so (``x-should-retry: false``).
-FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.BUDGET, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE}
+FINAL = {ErrorKind.INVALID_KEY, ErrorKind.BALANCE, ErrorKind.BUDGET, ErrorKind.MALFORMED, ErrorKind.TOO_LARGE,
+         ErrorKind.CONTENT_FILTER}
 
 
 class GatewayError(Exception):

@@ -321,8 +321,8 @@ class Relay:
 
     @staticmethod
     def _request_fault(failure: UpstreamFailure) -> tuple[ErrorKind, str]:
-        if failure.kind == "content_filter":
-            return ErrorKind.MALFORMED, CONTENT_FILTERED_MESSAGE
+        if failure.kind == ErrorKind.CONTENT_FILTER.value:
+            return ErrorKind.CONTENT_FILTER, CONTENT_FILTERED_MESSAGE
         if failure.status == 413:
             return ErrorKind.TOO_LARGE, "The request is too large for the model provider."
         return ErrorKind.MALFORMED, UPSTREAM_REJECTED_MESSAGE

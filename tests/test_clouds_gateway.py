@@ -229,9 +229,10 @@ def test_an_azure_filter_finish_translated_is_anthropics_refusal(gateway, world)
 
 
 FILTER_REFUSAL = {
-    # client API -> how its own 400 names a request refused (table E, malformed body's row)
-    "chat": lambda body: body["error"]["type"] == "invalid_request_error",
-    "responses": lambda body: body["error"]["type"] == "invalid_request_error",
+    # client API -> how its own 400 names a request its provider's filter refused (OpenAI's code kept)
+    "chat": lambda body: (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error", "content_filter"),
+    "responses": lambda body: (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error",
+                                                                                 "content_filter"),
     "messages": lambda body: body["type"] == "error" and body["error"]["type"] == "invalid_request_error",
     "gemini": lambda body: body["error"]["status"] == "INVALID_ARGUMENT" and body["error"]["code"] == 400,
 }
@@ -252,7 +253,7 @@ def test_an_azure_content_filter_refusal_is_a_400_in_the_callers_format(gateway,
     assert "ResponsibleAIPolicyViolation" not in response.text and "Azure" not in response.text
     assert [kind_of(r) for r in tagged(simulator, tag)] == ["azure"]  # the vendor channel was never asked
     log = one_log(response.headers["x-hopbase-request-id"])
-    assert (log.status, log.attempts, log.output_tokens) == ("failed", 1, 0)
+    assert (log.status, log.error_kind, log.attempts, log.output_tokens) == ("failed", "content_filter", 1, 0)
     assert log.channel_id == world.channels["azure-cloud-azure-filter-strict"]
 
 

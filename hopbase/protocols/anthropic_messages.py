@@ -27,6 +27,7 @@ ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (401, "authentication_error"),
     ErrorKind.MODEL_NOT_FOUND: (404, "not_found_error"),
     ErrorKind.MALFORMED: (400, "invalid_request_error"),
+    ErrorKind.CONTENT_FILTER: (400, "invalid_request_error"),
     ErrorKind.TOO_LARGE: (413, "request_too_large"),
     ErrorKind.BALANCE: (400, "invalid_request_error"),
     ErrorKind.BUDGET: (429, "rate_limit_error"),

@@ -32,6 +32,7 @@ GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (400, "INVALID_ARGUMENT"),
     ErrorKind.MODEL_NOT_FOUND: (404, "NOT_FOUND"),
     ErrorKind.MALFORMED: (400, "INVALID_ARGUMENT"),
+    ErrorKind.CONTENT_FILTER: (400, "INVALID_ARGUMENT"),
     ErrorKind.TOO_LARGE: (413, "INVALID_ARGUMENT"),
     ErrorKind.BALANCE: (429, "RESOURCE_EXHAUSTED"),
     ErrorKind.BUDGET: (429, "RESOURCE_EXHAUSTED"),

@@ -27,6 +27,7 @@ OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {
     ErrorKind.INVALID_KEY: (401, "invalid_request_error", "invalid_api_key"),
     ErrorKind.MODEL_NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
     ErrorKind.MALFORMED: (400, "invalid_request_error", None),
+    ErrorKind.CONTENT_FILTER: (400, "invalid_request_error", "content_filter"),
     ErrorKind.TOO_LARGE: (413, "invalid_request_error", "request_too_large"),
     ErrorKind.BALANCE: (429, "insufficient_quota", "insufficient_quota"),
     ErrorKind.BUDGET: (429, "insufficient_quota", "budget_exceeded"),
