@@ -23,6 +23,7 @@ from django.urls import path, reverse
 from channels_pool.forms import ChannelForm
 from channels_pool.models import Channel, ChannelHealth
 from channels_pool.probe import ProbeResult, probe_channels
+from core.encryption import Unreadable
 
 
 class ChannelHealthInline(admin.StackedInline):
@@ -71,6 +72,8 @@ class ChannelAdmin(admin.ModelAdmin):
 
     @admin.display(description="health")
     def health_state(self, channel: Channel) -> str:
+        if isinstance(channel.secret, Unreadable):
+            return "broken: secret unreadable (skipped; enter it again)"
         health = self._health(channel)
         return health.get_state_display() if health is not None else "no record yet"
 

@@ -15,6 +15,7 @@ from django import forms
 from channels_pool.kinds import KINDS
 from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel
+from core.encryption import Unreadable
 from core.model_names import ModelListField
 
 SETTINGS = ("region", "project", "location", "api_version")
@@ -60,7 +61,11 @@ class ChannelForm(forms.ModelForm):
         if self.instance.pk is None:
             del self.fields["clear_secret"]  # nothing stored to remove
             return
-        hint = f"Stored: {STORED}." if self.instance.secret else "None stored."
+        if isinstance(self.instance.secret, Unreadable):
+            hint = ("Stored, but UNREADABLE: it was encrypted with a key this gateway does not have, so the channel "
+                    "is skipped. Enter it again, or list that key in HOPBASE_ENCRYPTION_KEYS.")
+        else:
+            hint = f"Stored: {STORED}." if self.instance.secret else "None stored."
         self.fields["secret"].help_text = (
             f"{hint} Write-only: leave blank to keep it (required when the base URL changes). {SECRET_HELP}"
         )

@@ -11,13 +11,17 @@ HOPBASE_STALE_MAX_AGE seconds.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from channels_pool.kinds import KINDS, ChannelKind
 from channels_pool.models import Channel
+from core.encryption import Unreadable
 from core.snapshots import Snapshot
+
+log = logging.getLogger("hopbase.channels")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,11 @@ class ChannelInfo:
 
 
 def _load() -> list[ChannelInfo]:
+    channels = list(Channel.objects.enabled())
+    for broken in [c for c in channels if isinstance(c.secret, Unreadable)]:
+        # Skipped, never fatal: the other channels still serve every model.
+        log.error("channel %s is skipped: its secret cannot be decrypted with the configured keys; "
+                  "enter it again in the admin, or list the key it was encrypted with", broken.name)
     return [
         ChannelInfo(
             id=c.pk,
@@ -67,7 +76,8 @@ def _load() -> list[ChannelInfo]:
             location=c.location,
             api_version=c.api_version,
         )
-        for c in Channel.objects.enabled()
+        for c in channels
+        if not isinstance(c.secret, Unreadable)
     ]
 
 

@@ -95,17 +95,38 @@ def looks_like_token(text: str) -> bool:
     return len(raw) >= TOKEN_MIN_BYTES and raw[0] == TOKEN_VERSION
 
 
+class Unreadable(str):
+    """A stored secret no configured key decrypts (added under another
+    SECRET_KEY or encryption key): empty as text, so it is never sent
+    anywhere, and written back as the token it was, so saving its row for
+    another reason loses nothing. Its row still loads: one such row must not
+    stop the rest from being read (the channel directory), or deleted."""
+
+    token: str
+
+    def __new__(cls, token: str) -> Unreadable:
+        made = super().__new__(cls, "")
+        made.token = token
+        return made
+
+
 class EncryptedTextField(models.TextField):
     """Plaintext on the model instance, a Fernet token in the database and
     in serialised output. Lookups by value cannot match (every encryption
-    differs); the empty string is stored as it is (nothing to hide)."""
+    differs); the empty string is stored as it is (nothing to hide). A
+    token no key decrypts loads as ``Unreadable``."""
 
     def from_db_value(self, value, expression, connection):
         if not value:
             return value
-        return decrypt(value)
+        try:
+            return decrypt(value)
+        except SecretUnreadable:
+            return Unreadable(value)
 
     def get_prep_value(self, value):
+        if isinstance(value, Unreadable):
+            return value.token
         value = super().get_prep_value(value)
         if not value:
             return value

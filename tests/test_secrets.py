@@ -285,3 +285,40 @@ def test_the_database_file_and_dump_hold_no_plaintext_secret_and_old_ones_are_en
     with closing(sqlite3.connect(database)) as db:
         assert {row[0] for row in db.execute("SELECT secret FROM channels_pool_channel")} == {
             SECRET, "sk-from-before-encryption-1234"}
+
+
+# A secret no key decrypts (issue 40, item 12): skipped, shown, deletable
+
+
+def lose_the_key(channel: Channel) -> str:
+    token = Fernet(KEY_B).encrypt(b"sk-other").decode()  # a key this gateway does not have
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE channels_pool_channel SET secret = %s WHERE id = %s", [token, channel.pk])
+    return token
+
+
+@pytest.mark.django_db
+def test_a_channel_whose_secret_cannot_be_read_is_skipped_and_the_rest_serve(caplog):
+    good = make_channel("good", secret=SECRET)
+    broken = make_channel("lost-key", secret="sk-other")
+    lose_the_key(broken)
+    with caplog.at_level(logging.ERROR, logger="hopbase.channels"):
+        loaded = load_channels()
+    assert [c.name for c in loaded] == [good.name]
+    assert "lost-key is skipped" in caplog.text and "sk-other" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_an_unreadable_channel_is_shown_broken_kept_on_save_and_can_be_deleted(admin_client):
+    broken = make_channel("lost-key", secret="sk-other")
+    token = lose_the_key(broken)
+    listing = admin_client.get(reverse("admin:channels_pool_channel_changelist"))
+    assert listing.status_code == 200 and "secret unreadable" in listing.content.decode()
+    page = admin_client.get(reverse("admin:channels_pool_channel_change", args=[broken.pk]))
+    assert page.status_code == 200 and "UNREADABLE" in page.content.decode()
+    channel = Channel.objects.get(pk=broken.pk)
+    channel.priority = 5
+    channel.save()
+    assert stored(channel) == token  # saved for another reason: the token is kept as it was
+    deleted = admin_client.post(reverse("admin:channels_pool_channel_delete", args=[broken.pk]), {"post": "yes"})
+    assert deleted.status_code == 302 and not Channel.objects.filter(pk=broken.pk).exists()
