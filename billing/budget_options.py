@@ -25,7 +25,7 @@ def parse_budget_period(text: str, flag: str) -> str:
 def parse_percent(text: str, flag: str) -> int:
     """An alert threshold: a whole percent of the limit, 1 to 100 (the column's constraint)."""
     raw = text.strip()
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:
         raise CommandError(f"{flag}: {raw!r} is not a whole percent from 1 to 100")
     return int(raw)
 

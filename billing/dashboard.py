@@ -195,7 +195,7 @@ def dashboard_context(days: int, now: dt.datetime | None = None) -> dict[str, An
 
 
 def parse_days(raw: str | None) -> int:
-    if raw and raw.isdigit() and 1 <= int(raw) <= MAX_DAYS:
+    if raw and raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_DAYS:
         return int(raw)
     return DEFAULT_DAYS
 

@@ -46,6 +46,7 @@ from billing.budget_status import standings
 from billing.exports import utc_iso
 from billing.models import Budget, RequestLog
 from core.errors import ErrorKind, GatewayError
+from core.moments import utc_moment
 from core.money import usd_text
 from core.snapshots import refresh_connection
 from hopbase.models import Tenant
@@ -66,19 +67,21 @@ class Page:
 
 def parse_moment(name: str, raw: str) -> dt.datetime:
     try:
-        moment = dt.datetime.fromisoformat(raw.strip())
+        return utc_moment(raw)
     except ValueError:
         raise GatewayError(ErrorKind.MALFORMED, f"{name} must be an ISO 8601 date or datetime.") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def parse_page(tenant_id: int, key_id: int, params: Any) -> Page:
     raw_limit = params.get("limit", str(DEFAULT_LIMIT))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= MAX_LIMIT:
         raise GatewayError(ErrorKind.MALFORMED, f"limit must be a whole number from 1 to {MAX_LIMIT}.")
     since = parse_moment("since", params["since"]) if params.get("since") else None
     until = parse_moment("until", params["until"]) if params.get("until") else None
-    return Page(tenant_id, key_id, int(raw_limit), params.get("before") or None, since, until)
+    before = params.get("before") or None
+    if before is not None and "\x00" in before:
+        raise GatewayError(ErrorKind.MALFORMED, "before must be a request_id from an earlier page.")
+    return Page(tenant_id, key_id, int(raw_limit), before, since, until)
 
 
 def log_entry(log: RequestLog) -> dict[str, Any]:

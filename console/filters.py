@@ -11,6 +11,8 @@ from typing import TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
+from core.moments import utc_moment
+
 M = TypeVar("M", bound=Model)
 
 
@@ -25,10 +27,9 @@ def moment(query: Mapping[str, str], field: str) -> dt.datetime | None:
     if not raw:
         return None
     try:
-        value = dt.datetime.fromisoformat(raw)
+        return utc_moment(raw)
     except ValueError:
         raise FilterError(f"{field}: {raw!r} is not a date (use YYYY-MM-DD or YYYY-MM-DDTHH:MM)") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
 
 
 def period(query: Mapping[str, str]) -> tuple[dt.datetime | None, dt.datetime | None]:
@@ -46,7 +47,7 @@ def cursor(query: Mapping[str, str]) -> tuple[dt.datetime, int] | None:
         return None
     stamp, _, pk = raw.rpartition(",")
     try:
-        return dt.datetime.fromisoformat(stamp), int(pk)
+        return utc_moment(stamp), int(pk)
     except ValueError:
         raise FilterError("before: not a position of this list (start again from the first page)") from None
 

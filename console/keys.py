@@ -58,7 +58,7 @@ def _whole(raw: str, name: str) -> int | None:
     raw = raw.strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise KeyRefused(f"{name} must be a whole number from 1 (or empty).")
     return int(raw)
 
@@ -155,7 +155,7 @@ def revoke_key(membership: TenantMembership, key_id: int) -> ApiKey | None:
 
 def grace_of(raw: str) -> timedelta:
     """The rotation form's grace, one of GRACES (in seconds)."""
-    if not raw.strip().isdigit() or int(raw) not in GRACES:
+    if not (raw.strip().isascii() and raw.strip().isdigit()) or int(raw) not in GRACES:
         raise KeyRefused("Pick a grace period from the list.")
     return timedelta(seconds=int(raw))
 

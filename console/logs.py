@@ -53,7 +53,7 @@ def filtered(tenant: Tenant, query: Mapping[str, str]) -> QuerySet[RequestLog]:
             raise filters.FilterError(f"status: {status!r} is not one of {', '.join(RequestStatus.values)}")
         logs = logs.filter(status=status)
     if key := (query.get("key") or "").strip():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             raise filters.FilterError(f"key: {key!r} is not one of this tenant's keys")
         if not ApiKey.objects.filter(tenant=tenant, pk=int(key)).exists():
             # Another tenant's key id finds nothing, without making the database look through this tenant's rows.

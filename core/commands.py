@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from core.moments import utc_moment
 from hopbase.models import Tenant
 
 # Column limits: billing.models.USD (20, 10) and PRICE (14, 6); a
@@ -83,12 +84,9 @@ def parse_moment(text: str, what: str) -> dt.datetime:
     """An ISO 8601 date (midnight UTC) or datetime (UTC when it carries no offset)."""
     raw = text.strip()
     try:
-        moment = dt.datetime.fromisoformat(raw)
+        return utc_moment(raw)
     except ValueError:
         raise CommandError(f"{what}: {raw!r} is not an ISO 8601 date or datetime") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.timezone.utc)
-    return moment
 
 
 def checked(value: str, validator, what: str):

@@ -39,15 +39,19 @@ def tool_name(kind: str) -> str:
     return "_".join(parts) or kind
 
 
-def one_hour_cache(value: object) -> bool:
-    """Whether a ``cache_control`` anywhere in the body asks for a 1-hour TTL."""
-    if isinstance(value, dict):
-        control = value.get("cache_control")
-        if isinstance(control, dict) and control.get("ttl") == "1h":
-            return True
-        return any(one_hour_cache(item) for item in value.values() if isinstance(item, (dict, list)))
-    if isinstance(value, list):
-        return any(one_hour_cache(item) for item in value)
+def one_hour_cache(body: object) -> bool:
+    """Whether a ``cache_control`` anywhere in the body asks for a 1-hour
+    TTL. A walk with a stack of its own: a body may nest 1,024 levels."""
+    pending = [body]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            control = value.get("cache_control")
+            if isinstance(control, dict) and control.get("ttl") == "1h":
+                return True
+            pending.extend(item for item in value.values() if isinstance(item, (dict, list)))
+        elif isinstance(value, list):
+            pending.extend(item for item in value if isinstance(item, (dict, list)))
     return False
 
 

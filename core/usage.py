@@ -27,16 +27,17 @@ def plausible_count(value: object) -> bool:
 def plausible_usage(usage: object) -> bool:
     """Whether every token count in a provider's usage object (nested
     details included) is missing or a plausible count (B11)."""
-    if isinstance(usage, list):
-        return all(plausible_usage(item) for item in usage)
-    if not isinstance(usage, dict):
-        return True
-    for key, value in usage.items():
-        if isinstance(value, (dict, list)):
-            if not plausible_usage(value):
-                return False
-        elif "oken" in key and value is not None and not plausible_count(value):
-            return False
+    pending = [usage]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, (dict, list)):
+                    pending.append(item)
+                elif "oken" in key and item is not None and not plausible_count(item):
+                    return False
     return True
 
 

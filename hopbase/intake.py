@@ -174,7 +174,7 @@ def read_json(request: HttpRequest, headers: dict[str, str]) -> tuple[Any, bytes
         raise GatewayError(ErrorKind.MALFORMED, "The request body must be JSON (Content-Type: application/json).")
     limit = settings.HOPBASE_MAX_BODY_BYTES
     declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise GatewayError(ErrorKind.TOO_LARGE, f"The request body exceeds {limit} bytes.")
     raw = request.body
     if len(raw) > limit:

@@ -110,7 +110,7 @@ class HopBaseHttpTools(HttpToolsProtocol):
 def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     for name, value in headers:
         if name == b"content-length":
-            return int(value) if value.isdigit() else None
+            return int(value) if value.isascii() and value.isdigit() else None
     return None
 
 

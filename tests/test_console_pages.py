@@ -108,6 +108,10 @@ def test_the_key_filter_shows_that_keys_rows(people):
     ("status=done", "status: &#x27;done&#x27; is not one of"),
     ("key=abc", "key: &#x27;abc&#x27; is not one of this tenant"),
     ("before=garbage", "before: not a position"),
+    ("since=9999-12-31T23:59:59-23:59", "is not a date"),  # past datetime's range once in UTC
+    ("until=0001-01-01T00:00%2B23:59", "is not a date"),
+    ("before=9999-12-31T23:59:59-23:59,1", "before: not a position"),
+    ("key=%C2%B2", "key: &#x27;²&#x27; is not one of this tenant"),
 ])
 def test_a_malformed_filter_is_a_clear_message_and_no_rows(people, query, message):
     log = make_log(people.tenant_a)

@@ -18,7 +18,7 @@ import pytest
 from tests.protocol_checks import TOOL_ARGUMENTS, TOOL_NAME, new_tag, prompt, upstream_record, wait_for_log, words
 from tests.relay_checks import stream_errors
 from tests.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask, count_tokens
-from tests.wire import wait_for_records
+from tests.wire import call, wait_for_records
 
 pytestmark = pytest.mark.gateway
 
@@ -360,3 +360,28 @@ def test_a_codex_turn_after_another_protocols_thinking_reaches_openai_without_it
     assert [item for item in sent["body"]["input"] if item.get("type") == "reasoning"] == []
     assert sent["body"]["input"] == [item for item in turn if item["type"] != "reasoning"]
     assert "hb1." not in json.dumps(sent["body"])
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"type": "string"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"x": value}}
+    return value
+
+
+@pytest.mark.parametrize(("api", "model"), [("chat", "via-anthropic"), ("messages", "via-openai"),
+                                            ("gemini", "via-openai"), ("responses", "via-gemini")])
+def test_a_request_nested_too_deeply_to_translate_is_a_400_in_the_callers_format(gateway, world, api, model):
+    schema = nested(300)  # JSON readers take it; writers stop at 255 levels
+    tools = {
+        "chat": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+        "responses": [{"type": "function", "name": "f", "parameters": schema}],
+        "messages": [{"name": "f", "input_schema": schema}],
+        "gemini": [{"functionDeclarations": [{"name": "f", "parameters": schema}]}],
+    }[api]
+    request = call(api, world.key, model, "hello", stream=False, tools=tools)
+    # Written by the standard library: orjson itself refuses to write it.
+    response = httpx.post(gateway.url + request.path, content=json.dumps(request.body),
+                          headers={**request.headers, "content-type": "application/json"}, timeout=10)
+    assert response.status_code == 400, response.text
+    assert "nested" in response.text

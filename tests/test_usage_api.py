@@ -234,3 +234,20 @@ def test_budgets_are_shown_whatever_page_is_asked_for(gateway, budgets):
     later = (budgets.moment + dt.timedelta(days=400)).isoformat()
     body = get(gateway, budgets.first_key, {"since": later, "limit": "1"}).json()
     assert body["data"] == [] and [budget["spent_usd"] for budget in body["budgets"]] == ["0.75", "0.75", "0.50"]
+
+
+@pytest.mark.parametrize("params", [
+    {"since": "9999-12-31T23:59:59-23:59"},  # past datetime's range once in UTC
+    {"until": "0001-01-01T00:00:00+23:59"},
+    {"since": "0001-01-01"},
+    {"until": "9999-12-31T23:59:59.999999"},
+    {"limit": "²"},
+    {"limit": "１０"},  # full-width digits
+    {"before": "\x00"},
+])
+def test_crafted_filters_get_a_400_in_openai_format_never_a_500(gateway, cast, params):
+    response = get(gateway, cast.alice_key, params)
+    assert response.status_code in (200, 400), response.text
+    assert response.headers["content-type"].startswith("application/json")
+    if response.status_code == 400:
+        assert response.json()["error"]["type"] == "invalid_request_error"

@@ -10,7 +10,7 @@ error in this protocol's encoding. The relay talks only to these two.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 import orjson
@@ -83,18 +83,22 @@ def dumps(obj: Any) -> bytes:
 
 def prompt_text_chars(value: Any) -> int:
     """Characters of prompt text in any nesting of strings, lists and dicts,
-    counting only text-bearing fields (so image data and schemas do not count)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(prompt_text_chars(item) for item in value)
-    if isinstance(value, dict):
-        total = 0
-        for key in ("content", "text", "parts", "input", "output", "arguments"):
-            if key in value:
-                total += prompt_text_chars(value[key])
-        return total
-    return 0
+    counting only text-bearing fields (so image data and schemas do not count).
+    A walk with a stack of its own: a client's body may nest 1,024 levels."""
+    total = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item[key] for key in TEXT_KEYS if key in item)
+    return total
+
+
+TEXT_KEYS = ("content", "text", "parts", "input", "output", "arguments")
 
 
 # What a request's input that is not text may cost (G7), for the reservation
@@ -126,32 +130,55 @@ def nontext_tokens(body: Any) -> int:
     for key in SCHEMA_KEYS:
         value = body.get(key)
         if isinstance(value, (list, dict)) and value:
-            tokens += estimate_tokens(len(dumps(value)))
+            tokens += estimate_tokens(json_chars(value))
             if key in ("tools", "functions"):
                 tokens += TOOLS_PREAMBLE_TOKENS
-    return tokens + _media_tokens(body)
+    pending: list[Any] = [body]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            if value.get("type") in MEDIA_TYPES or not MEDIA_KEYS.isdisjoint(value):
+                tokens += max(MEDIA_TOKENS, estimate_tokens(longest_string(value)))
+            else:
+                pending.extend(item for item in value.values() if isinstance(item, (list, dict)))
+    return tokens
 
 
-def _media_tokens(value: Any) -> int:
-    if isinstance(value, list):
-        return sum(_media_tokens(item) for item in value)
-    if not isinstance(value, dict):
-        return 0
-    if value.get("type") in MEDIA_TYPES or not MEDIA_KEYS.isdisjoint(value):
-        inline = max((len(text) for text in _strings(value)), default=0)
-        return max(MEDIA_TOKENS, estimate_tokens(inline))
-    return sum(_media_tokens(item) for item in value.values() if isinstance(item, (list, dict)))
+def json_chars(value: Any) -> int:
+    """About the characters of ``value`` written as JSON: its strings, keys
+    and numbers, and a few for each punctuation mark (no JSON writer: those
+    stop at 255 levels, and a client may send more)."""
+    chars = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            chars += len(item) + 2
+        elif isinstance(item, dict):
+            chars += 2 + sum(len(key) + 4 for key in item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            chars += 2 + len(item)
+            pending.extend(item)
+        else:
+            chars += 5
+    return chars
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+def longest_string(value: Any) -> int:
+    longest = 0
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            longest = max(longest, len(item))
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return longest
 
 
 class StreamWatcher:

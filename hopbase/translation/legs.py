@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
+
 from channels_pool.kinds import Operation
 from channels_pool.selection import ChannelInfo
 from core.errors import GatewayError
@@ -106,6 +108,10 @@ class Legs:
             # (a Gemini tool result with no name, say): another candidate,
             # of the client's own protocol perhaps, may still serve it.
             raise CannotServe(error.param or "body", error.message) from None
+        except (orjson.JSONEncodeError, RecursionError):
+            # JSON readers take 1,024 levels, its writer 255: a body deeper
+            # than that can pass through, never be written anew.
+            raise CannotServe("body", TOO_DEEP) from None
         writer = WRITERS[self.api.name]
 
         def new_watcher() -> StreamWatcher:
@@ -124,6 +130,9 @@ class Legs:
         if self._decoded is None:
             self._decoded = DECODERS[self.api.name](self.facts)
         return self._decoded
+
+
+TOO_DEEP = "The request is nested too deeply to be translated for this model's channels (255 levels at most)."
 
 
 def legs_for(api: Api, facts: RequestFacts, request_id: str) -> Legs | EmbeddingLegs:

@@ -53,7 +53,7 @@ def fresh_metrics_dir() -> Path:
     for file in folder.glob("*.db"):
         # prometheus-client names each file after its process: counter_1234.db
         pid = file.stem.rpartition("_")[2]
-        if pid.isdigit() and process_exists(int(pid)):
+        if pid.isascii() and pid.isdigit() and process_exists(int(pid)):
             live.add(pid)
         else:
             file.unlink(missing_ok=True)
@@ -193,4 +193,4 @@ def wait_until_drained(children: list[subprocess.Popen], drained: int) -> None:
                 return  # every worker has ended
             buffered += data
             *lines, buffered = buffered.split(b"\n")
-            said.update(int(line) for line in lines if line.isdigit())
+            said.update(int(line) for line in lines if line.isascii() and line.isdigit())
