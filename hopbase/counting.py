@@ -5,11 +5,17 @@ The count comes from a channel serving the model, whatever its protocol or
 kind, by the counting endpoint behind it (Anthropic's and Gemini's own,
 Vertex's for Gemini and for Claude, Bedrock's CountTokens; the request
 translated for it as for a generation, and sent as the channel's kind sends
-a call: ``Operation.COUNT``); when no channel can count (OpenAI and Azure
-have no counting endpoint, or every counting channel failed), it is
-estimated from the prompt's characters and the answer says so
-(``x-hopbase-estimated``). Counting is free at the providers and is not a
-generation: like model lists, it leaves no request log and no charge.
+a call: ``Operation.COUNT``). The first channel that answers at all ends
+the search: its count, or, if it refused, the estimate (a refusal of the
+request would be every channel's). Channels that cannot be reached are
+passed over. When no channel can count (OpenAI and Azure have no counting
+endpoint, or none answered), the count is estimated from the prompt's
+characters and the answer says so (``x-hopbase-estimated``).
+
+Counting is a request like any other to the key's limits (its RPM and
+concurrency; a refusal is the caller's 429), and leaves one request log,
+``completed`` at zero charge (the providers do not bill it), or
+``rejected``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from channels_pool.kinds import AuthFailed, Operation, UpstreamRequest
 from channels_pool.kinds import Call as KindCall
 from channels_pool.selection import ChannelInfo, directory
 from core.errors import ErrorKind, GatewayError, UpstreamFailure
-from core.usage import estimate_tokens
-from core.vocabulary import WireProtocol
+from core.usage import Usage, estimate_tokens
+from core.vocabulary import RequestStatus, WireProtocol
 from hopbase import gateway
 from hopbase.intake import Call, admit, error_response, parse_facts, read_json
 from hopbase.protocols.base import RequestFacts, dumps
@@ -83,18 +89,33 @@ GEMINI_COUNTING = CountingApi(_gemini_facts, lambda tokens: {"totalTokens": toke
 
 
 async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] | None = None) -> HttpResponse:
+    caller, limits = call.caller, gateway.relay().limits
+    model = (route or {}).get("model", "")
     try:
         body, raw = read_json(call.request, call.headers)
         route = {**(route or {}), "action": "generateContent"}
         facts = counting.facts(call, body, raw, route)
-        await admit(call.caller, facts.model)
+        model = facts.model
+        await admit(caller, facts.model)
+        held = await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
+    except GatewayError as error:
+        gateway.recorder.record(caller.finished(call.request_id, call.api.name, RequestStatus.REJECTED, model=model,
+                                                error_kind=error.kind.value))
+        return error_response(call.api, error)
+    try:
         legs = Legs(call.api, facts, call.request_id)
         channels = board.arrange(await directory.candidates(legs.wires(), facts.model, native=call.api.wire))
-        if not channels:
-            raise GatewayError(ErrorKind.MODEL_NOT_FOUND)
-    except GatewayError as error:
-        return error_response(call.api, error)
-    tokens = await _counted_by_a_channel(legs, channels, call.headers)
+        tokens, asked = await _counted_by_a_channel(legs, channels, call.headers) if channels else (None, [])
+    finally:
+        if held:
+            limits.release_key(caller.key_id)
+    status, error_kind = (RequestStatus.COMPLETED, "") if channels else (RequestStatus.REJECTED, "model_not_found")
+    gateway.recorder.record(caller.finished(
+        call.request_id, call.api.name, status, model=facts.model, error_kind=error_kind, attempts=len(asked),
+        channel_id=asked[-1].id if asked else None, channel_name=asked[-1].name if asked else "",
+        usage=Usage(input_reported=True, output_reported=True)))  # counting is not billed
+    if not channels:
+        return error_response(call.api, GatewayError(ErrorKind.MODEL_NOT_FOUND))
     counted = tokens if tokens is not None else estimate_tokens(facts.prompt_chars)
     response = HttpResponse(dumps(counting.answer(counted)), content_type="application/json")
     if tokens is None:
@@ -102,8 +123,12 @@ async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] 
     return response
 
 
-async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo], client_headers: dict[str, str]) -> int | None:
+async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo],
+                                client_headers: dict[str, str]) -> tuple[int | None, list[ChannelInfo]]:
+    """The count from the first channel that answers (None: it refused, or
+    none answered), and the channels asked."""
     http = gateway.relay().http
+    asked: list[ChannelInfo] = []
     for channel in channels:
         if not channel.kind.serves(Operation.COUNT):
             continue
@@ -118,15 +143,22 @@ async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo], client_
         headers = leg.api.upstream_call(facts, client_headers).headers  # anthropic-version and -beta, say
         call = KindCall(Operation.COUNT, facts.model, facts.body, b"", headers, facts.route)
         request = channel.kind.request(channel, call)
+        asked.append(channel)
         try:
             answer = await _asked(channel, request, http)
-            if answer.status_code == 200:
-                body = request.answer(answer.content, answer.headers) if request.answer else answer.content
-                return total(orjson.loads(body))
-            log.info("channel %s answered a token count with status %s", channel.name, answer.status_code)
-        except (httpx.HTTPError, ValueError, AuthFailed) as error:
+        except (httpx.HTTPError, AuthFailed) as error:
             log.info("channel %s could not count tokens: %s", channel.name, type(error).__name__)
-    return None
+            continue
+        if answer.status_code != 200:
+            log.info("channel %s answered a token count with status %s", channel.name, answer.status_code)
+            return None, asked
+        try:
+            body = request.answer(answer.content, answer.headers) if request.answer else answer.content
+            return total(orjson.loads(body)), asked
+        except ValueError as error:
+            log.info("channel %s answered a token count unreadably: %s", channel.name, error)
+            return None, asked
+    return None, asked
 
 
 async def _asked(channel: ChannelInfo, request: UpstreamRequest, http: httpx.AsyncClient) -> httpx.Response:

@@ -385,3 +385,34 @@ def test_a_request_nested_too_deeply_to_translate_is_a_400_in_the_callers_format
                           headers={**request.headers, "content-type": "application/json"}, timeout=10)
     assert response.status_code == 400, response.text
     assert "nested" in response.text
+
+
+@pytest.mark.usefixtures("committed_db")
+def test_counting_stops_at_the_first_channel_that_answers_and_is_logged(gateway, world, sim_records):
+    tag = new_tag()
+    # bad-request's first channel refuses every request with a 400; the second would answer.
+    response, counted = count_tokens(gateway, world.key, "messages", "bad-request", prompt(tag))
+    assert response.status_code == 200 and response.headers["x-hopbase-estimated"] == "true"
+    assert [record["directives"].get("status") for record in sim_records(tag)] == ["400"]
+    log = wait_for_log(response.headers["x-hopbase-request-id"])
+    assert (log.status, log.attempts, log.charge_usd or 0) == ("completed", 1, 0)
+    assert log.channel_id == world.channels["anthropic-bad-request-strict"]
+
+
+@pytest.mark.usefixtures("committed_db")
+@pytest.mark.parametrize("api", ["messages", "gemini"])
+def test_counting_obeys_the_keys_requests_per_minute(gateway, world, api):
+    key = world.two_a_minute_key
+    if api == "messages":
+        def one() -> httpx.Response:
+            return httpx.post(f"{gateway.url}/v1/messages/count_tokens", timeout=20,
+                              headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+                              json={"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]})
+    else:
+        def one() -> httpx.Response:
+            return httpx.post(f"{gateway.url}/v1beta/models/sim-model:countTokens", timeout=20,
+                              headers={"x-goog-api-key": key}, json={"contents": [{"parts": [{"text": "hello"}]}]})
+    answers = [one() for _ in range(3)]  # the key takes two a minute
+    assert answers[-1].status_code == 429, [a.text for a in answers]
+    logs = [wait_for_log(a.headers["x-hopbase-request-id"]) for a in answers]
+    assert logs[-1].status == "rejected" and logs[-1].error_kind == "rate_limit"

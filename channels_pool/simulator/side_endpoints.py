@@ -74,7 +74,13 @@ class SideEndpoints:
         record.protocol, record.body, record.completed = "gemini" if gemini_model else "anthropic", body, True
         record.model = gemini_model or body.get("model")
         texts = prompt_texts(record.protocol, body.get("generateContentRequest", body))
-        record.tag = Directives.from_raw(gather_directives(None, texts, request.headers.get("x-sim"))).tag
+        raw = gather_directives(api_key_of(request.headers, request.query), texts, request.headers.get("x-sim"))
+        directives = Directives.from_raw(raw)
+        record.directives, record.tag = raw, directives.tag
+        if directives.status is not None:  # a misbehaving channel counts no better than it generates
+            record.completed = False
+            return await self._json(conn, request, directives.status,
+                                    wire.error_body(record.protocol, directives.status, directives.reason), record)
         tokens = count_words(texts)
         return await self._json(conn, request, 200, {"totalTokens": tokens} if gemini_model else {"input_tokens": tokens},
                                 record)
