@@ -95,12 +95,14 @@ def test_frames_read_before_a_bad_checksum_are_handed_on_and_the_stream_is_cut_a
 def test_bedrock_signs_with_sigv4_and_sends_anthropic_models_the_bedrock_envelope():
     bedrock = channel("bedrock", secret="AKIDEXAMPLE:secret", region="us-east-1")
     body = {"model": "anthropic.claude-x-v1:0", "stream": True, "max_tokens": 5, "messages": []}
-    call = Call(Operation.MESSAGES, "anthropic.claude-x-v1:0", body, b"", {"anthropic-beta": "a, b"})
+    betas = "interleaved-thinking-2025-05-14, claude-code-20250219,advanced-tool-use-2025-11-20,context-1m-2025-08-07"
+    call = Call(Operation.MESSAGES, "anthropic.claude-x-v1:0", body, b"", {"anthropic-beta": betas})
     request = bedrock.kind.request(bedrock, call)
     assert request.url == "http://cloud.test/model/anthropic.claude-x-v1%3A0/invoke-with-response-stream"
     sent = orjson.loads(request.content)
     assert sent["anthropic_version"] == "bedrock-2023-05-31" and "model" not in sent and "stream" not in sent
-    assert sent["anthropic_beta"] == ["a", "b"]
+    # Only the flags Bedrock knows: it refuses a request naming any other (Claude Code's own, say).
+    assert sent["anthropic_beta"] == ["interleaved-thinking-2025-05-14", "context-1m-2025-08-07"]
     # botocore's own signer, given the same request and date, signs it alike.
     again = AWSRequest(method="POST", url=request.url, data=request.content,
                        headers={k: v for k, v in request.headers.items() if k.lower() != "authorization"})
@@ -202,3 +204,15 @@ def test_bedrock_counts_a_profiles_foundation_model_with_the_invoke_body_as_a_bl
     request = bedrock.kind.request(bedrock, Call(Operation.COUNT, "amazon.nova-pro-v1:0", converse, b""))
     assert orjson.loads(request.content) == {"input": {"converse": {"messages": converse["messages"]}}}
     assert request.answer is None
+
+
+@pytest.mark.parametrize(("header", "sent"), [
+    ("claude-code-20250219,interleaved-thinking-2025-05-14,prompt-caching-scope-2026-01-05",
+     "interleaved-thinking-2025-05-14"),
+    ("claude-code-20250219", None),  # none Vertex knows: no header at all
+])
+def test_vertex_gets_only_the_beta_flags_it_knows(header, sent):
+    vertex = channel("vertex", project="p", location="l")
+    body = {"model": "claude-x@1", "max_tokens": 5, "messages": []}
+    request = vertex.kind.request(vertex, Call(Operation.MESSAGES, "claude-x@1", body, b"", {"anthropic-beta": header}))
+    assert request.headers.get("anthropic-beta") == sent

@@ -184,14 +184,15 @@ def test_it_forwards_anthropic_beta(claude, world, sim_records, committed_db):
         model="claude-sim",
         max_tokens=64,
         messages=[{"role": "user", "content": text}],
-        betas=["interleaved-thinking-2025-05-14", "context-1m-2025-08-07"],
+        # Anthropic's own API gets every flag, Claude Code's own among them (clouds keep an allow-list).
+        betas=["interleaved-thinking-2025-05-14", "claude-code-20250219"],
     ) as stream:
         final = stream.get_final_message()
         request_id = stream.response.headers.get("x-hopbase-request-id")
 
     assert final.stop_reason == "end_turn"
     record = upstream_record(sim_records, tag)
-    assert record["headers"]["anthropic-beta"] == "interleaved-thinking-2025-05-14,context-1m-2025-08-07"
+    assert record["headers"]["anthropic-beta"] == "interleaved-thinking-2025-05-14,claude-code-20250219"
     assert record["headers"]["anthropic-version"] == claude.default_headers["anthropic-version"]
     check_credentials(record, "anthropic", world.key)
     check_log(world, request_id, protocol="messages", stream=True, input_tokens=words(text), output_tokens=3,

@@ -44,6 +44,7 @@ from channels_pool.kinds.base import (
     UpstreamRequest,
     base,
 )
+from channels_pool.kinds.betas import taken_by
 from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
 from channels_pool.kinds.refresh import Refreshed
 from channels_pool.kinds.vendors import unsupported
@@ -193,10 +194,10 @@ class BedrockKind(ChannelKind):
     def _messages_body(call: Call) -> dict[str, Any]:
         body = {k: v for k, v in call.body.items() if k not in ("model", "stream")}
         body["anthropic_version"] = ANTHROPIC_VERSION
-        # Bedrock takes Anthropic's beta flags in the body, not as a header.
-        beta = call.headers.get("anthropic-beta")
-        if beta:
-            body["anthropic_beta"] = [flag.strip() for flag in beta.split(",") if flag.strip()]
+        # Bedrock takes Anthropic's beta flags in the body, not as a header;
+        # only those it knows (it refuses the request for any other).
+        if flags := taken_by("bedrock", call.headers.get("anthropic-beta")):
+            body["anthropic_beta"] = flags
         return body
 
     def failure(

@@ -37,6 +37,7 @@ from channels_pool.kinds.base import (
     UpstreamRequest,
     base,
 )
+from channels_pool.kinds.betas import taken_by
 from channels_pool.kinds.refresh import Refreshed
 from channels_pool.kinds.vendors import anthropic_counted, json_headers, stream_headers, unsupported
 from core.errors import UpstreamFailure
@@ -162,6 +163,10 @@ class VertexKind(ChannelKind):
 
         headers = json_headers(call) if call.operation in (Operation.EMBED, Operation.COUNT) else stream_headers(call)
         headers.pop("anthropic-version", None)  # the body names Vertex's own
+        if "anthropic-beta" in headers:  # only the flags Vertex knows: it refuses the request for any other
+            flags = taken_by("vertex", headers.pop("anthropic-beta"))
+            if flags:
+                headers["anthropic-beta"] = ",".join(flags)
         return UpstreamRequest(url, headers, content, authorize=authorize)
 
     def source(self, channel: ChannelConfig) -> TokenSource:
