@@ -10,8 +10,8 @@ and ``Connection: close``.
   client's and the channel's), so without a limit a burst runs it out of
   file descriptors, or queues requests behind the upstream pool, and they
   fail minutes later instead of being sent elsewhere now. The limit is
-  ``HOPBASE_MAX_OPEN_REQUESTS``, or else derived from ``RLIMIT_NOFILE`` and
-  ``HOPBASE_UPSTREAM_MAX_CONNECTIONS``.
+  ``hopbase.capacity``; past the door, each tenant is held to its share
+  of it (G8).
 
 Neither refusal leaves a request log: the key is not looked at (a cache or
 database look-up is what a full or stopping process can least afford), and
@@ -21,16 +21,14 @@ are in ``/readyz``. The probes (``/healthz``, ``/readyz``) are never refused.
 
 from __future__ import annotations
 
-import functools
 import logging
-import resource
 import time
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 from core.errors import ErrorKind, GatewayError
 from hopbase import lifecycle, metrics, views
+from hopbase.capacity import max_open_requests
 from hopbase.intake import REQUEST_ID_HEADER, error_response
 from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
@@ -41,32 +39,10 @@ log = logging.getLogger("hopbase.admission")
 PROBES = ("/healthz", "/readyz", "/metrics")
 DRAINING = "This HopBase process is shutting down. Please retry."
 FULL = "HopBase is at capacity right now. Please retry shortly."
-# File descriptors kept back from requests: the database and Redis
-# connections, the listening socket, logs, and the sockets of requests being
-# refused.
-FD_HEADROOM = 64
-FD_HEADROOM_SHARE = 0.05
 WARN_EVERY = 10.0
 
 refused = {"draining": 0, "full": 0}
 _warned_at = 0.0
-
-
-def derived_limit(open_files: int, upstream_connections: int) -> int:
-    """Two sockets a request, after a headroom, and no more than the
-    upstream pool holds (beyond it, requests would queue for a connection)."""
-    if open_files == resource.RLIM_INFINITY:
-        return upstream_connections
-    spare = open_files - FD_HEADROOM - int(open_files * FD_HEADROOM_SHARE)
-    return max(1, min(spare // 2, upstream_connections))
-
-
-@functools.cache
-def max_open_requests() -> int:
-    if settings.HOPBASE_MAX_OPEN_REQUESTS:
-        return settings.HOPBASE_MAX_OPEN_REQUESTS
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return derived_limit(soft, settings.HOPBASE_UPSTREAM_MAX_CONNECTIONS)
 
 
 def has_room(path: str) -> bool:

@@ -12,6 +12,7 @@ from channels_pool.health import board
 from channels_pool.http_client import new_client
 from channels_pool.selection import directory
 from hopbase import lifecycle
+from hopbase.capacity import FairShare, max_open_requests
 from hopbase.drain import Drain
 from hopbase.limits import limits
 from hopbase.metrics import Counted, PrometheusMeter
@@ -38,6 +39,7 @@ def relay() -> Relay:
             drain=Drain(lifecycle.drain_deadline, lifecycle.drain_signal),
             meter=PrometheusMeter(),
             spend=spend,
+            fair=FairShare(max_open_requests),
         )
         lifecycle.process.close_when_drained(built.http.aclose)
     return built

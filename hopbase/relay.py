@@ -36,6 +36,7 @@ from channels_pool.upstream import Attempt, Signal
 from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
+from hopbase.capacity import FairShare
 from hopbase.drain import Drain
 from hopbase.ending import DRAIN_RETRY_AFTER, Committed
 from hopbase.limits import POLL_SECONDS, Limits
@@ -109,6 +110,7 @@ class Relay:
     drain: Drain = field(default_factory=Drain.never)
     meter: Meter = field(default_factory=Meter)
     spend: Spend | Unmetered = field(default_factory=Unmetered)
+    fair: FairShare | None = None  # None: no share to keep (a relay built for tests)
 
     async def serve(
         self, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
@@ -116,6 +118,9 @@ class Relay:
         """Serve one authenticated, parsed request."""
         run = Run(self, request_id, api, caller, facts, headers)
         try:
+            if self.fair is not None:
+                self.fair.admit(caller.tenant_id)
+                run.resources.callback(self.fair.release, caller.tenant_id)
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
             if asked := api.surcharges(facts, headers):

@@ -10,7 +10,8 @@ import time
 import httpx
 import pytest
 
-from hopbase.admission import FD_HEADROOM, derived_limit
+from core.errors import ErrorKind, GatewayError
+from hopbase.capacity import FD_HEADROOM, FairShare, derived_limit
 from tests.drain_harness import (
     FULL,
     WITHIN,
@@ -22,7 +23,7 @@ from tests.drain_harness import (
     stop_for_good,
     tagged,
 )
-from tests.wire import PROTOCOLS
+from tests.wire import PROTOCOLS, wait_for_log
 
 LIMIT = 2
 LONG = "tokens=200 pace=0.05"  # about 10 s
@@ -73,5 +74,49 @@ def test_a_full_gateway_refuses_the_excess_at_once(world):
             assert time.monotonic() < deadline, "the hung-up stream is still counted"
             time.sleep(0.05)
         assert send(gateway.url, "messages", world.key).status_code == 200
+    finally:
+        stop_for_good(gateway)
+
+
+def test_a_tenant_alone_holds_all_but_a_tenth_and_shares_with_the_next():
+    share = FairShare(lambda: 10)
+    for _ in range(9):
+        share.admit(1)
+    with pytest.raises(GatewayError) as refused:
+        share.admit(1)  # the tenth is kept for others
+    assert (refused.value.kind, refused.value.retry_after) == (ErrorKind.RATE_LIMIT, 1)
+    share.admit(2)  # another tenant gets in; now each holds at most 5
+    with pytest.raises(GatewayError):
+        share.admit(1)
+    for _ in range(4):
+        share.admit(2)
+    with pytest.raises(GatewayError):
+        share.admit(2)
+    for _ in range(5):
+        share.release(2)
+    assert share.share(1) == 9  # alone again
+    share.release(1)
+    share.admit(1)
+    assert FairShare(lambda: 1).share(7) == 1  # a capacity of one is still one
+
+
+@pytest.mark.gateway
+@pytest.mark.usefixtures("world", "committed_db")
+def test_one_tenants_burst_is_refused_its_excess_not_everyones(world):
+    gateway = start_daphne(HOPBASE_MAX_OPEN_REQUESTS="10")
+    try:
+        burst = [InFlight(gateway.url, "chat", world.key, tagged(LONG)) for _ in range(9)]
+        for stream in burst:
+            assert stream.started.wait(WITHIN) and stream.error is None
+        assert [stream.status for stream in burst] == [200] * 9
+        # A tenth of its own is its excess: the last tenth of the process is kept for others.
+        excess = send(gateway.url, "chat", world.key)
+        assert excess.status_code == 429 and excess.headers["retry-after"] == "1"
+        assert "share of HopBase's capacity" in excess.json()["error"]["message"]
+        assert wait_for_log(excess.headers["x-hopbase-request-id"]).status == "rejected"
+        # Another tenant still gets in while the first holds its nine.
+        assert send(gateway.url, "messages", world.other_key).status_code == 200
+        for stream in burst:
+            stream.hang_up()
     finally:
         stop_for_good(gateway)
