@@ -13,6 +13,8 @@ from urllib.parse import unquote
 
 from django.conf import settings
 
+from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
+
 log = logging.getLogger("hopbase.twisted_web")
 
 # After a body is refused: how long what the client still sends is read and
@@ -27,6 +29,7 @@ _http: Any = None  # twisted.web.http, once the body limit is in place
 
 def adjust() -> None:
     name_statuses()
+    bound_request_heads()
     limit_request_bodies()
     remember_content_types()
     skip_twisted_access_lines()
@@ -181,6 +184,88 @@ def _refuse(request, why: str) -> None:
     else:
         channel.transport.write(PLAIN_TOO_LARGE)
         channel.loseConnection()
+
+
+def bound_request_heads() -> None:
+    """Twisted answers a head over 16 KiB with a plain 400 and lets a
+    half-sent head wait for as long as the channel's idle time-out (hours
+    under Daphne, and any byte resets it). Here, as under uvicorn
+    (hopbase.request_heads): 431 past 64 KiB, a line or the whole head, and
+    408 when the head is not complete within HOPBASE_HEAD_TIMEOUT of its
+    first byte (or of the connection)."""
+    try:
+        from twisted.web import http as twisted_http
+    except ImportError:
+        return
+    channel = twisted_http.HTTPChannel
+    if getattr(channel, "hopbase_heads_bounded", False):
+        return
+    channel.hopbase_heads_bounded = True
+    channel.totalHeadersSize = MAX_HEAD_BYTES
+    channel.MAX_LENGTH = MAX_HEAD_BYTES  # one line of it (LineReceiver's own limit)
+    channel.hopbase_head_timer = None
+    line_received, data_received = channel.lineReceived, channel.dataReceived
+    connection_made, connection_lost = channel.connectionMade, channel.connectionLost
+    all_headers_received = channel.allHeadersReceived
+
+    def lineReceived(self, line: bytes) -> None:  # noqa: N802 (Twisted's names)
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            _end_head(self, HEAD_TOO_LARGE, "over 64 KiB")
+            return
+        line_received(self, line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:  # noqa: N802
+        _end_head(self, HEAD_TOO_LARGE, "a line over 64 KiB")
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        if self.hopbase_head_timer is None and self._HTTPChannel__first_line:  # a head begins
+            _start_head_timer(self)
+        data_received(self, data)
+
+    def allHeadersReceived(self) -> None:  # noqa: N802
+        _stop_head_timer(self)
+        all_headers_received(self)
+
+    def connectionMade(self) -> None:  # noqa: N802
+        connection_made(self)
+        _start_head_timer(self)
+
+    def connectionLost(self, reason: object) -> None:  # noqa: N802
+        _stop_head_timer(self)
+        connection_lost(self, reason)
+
+    channel.lineReceived, channel.lineLengthExceeded, channel.dataReceived = (
+        lineReceived, lineLengthExceeded, dataReceived)
+    channel.allHeadersReceived, channel.connectionMade, channel.connectionLost = (
+        allHeadersReceived, connectionMade, connectionLost)
+
+
+def _start_head_timer(channel) -> None:
+    from twisted.internet import reactor
+
+    channel.hopbase_head_timer = reactor.callLater(settings.HOPBASE_HEAD_TIMEOUT, _head_timed_out, channel)
+
+
+def _stop_head_timer(channel) -> None:
+    timer, channel.hopbase_head_timer = channel.hopbase_head_timer, None
+    if timer is not None and timer.active():
+        timer.cancel()
+
+
+def _head_timed_out(channel) -> None:
+    channel.hopbase_head_timer = None
+    if channel.transport is not None:
+        _end_head(channel, HEAD_TIMED_OUT, "not complete in time")
+
+
+def _end_head(channel, answer: bytes, why: str) -> None:
+    """Answer a head refused before any request was made of it, and close."""
+    _stop_head_timer(channel)
+    channel.dataReceived = channel.lineReceived = _drop  # nothing more of it is parsed
+    peer = getattr(channel.transport.getPeer(), "host", "?")
+    log.info("a request head was refused: %s (from %s)", why, peer)
+    channel.transport.write(answer)
+    channel.transport.loseConnection()
 
 
 def _drop(*args: object) -> None:

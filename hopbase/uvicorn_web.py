@@ -23,6 +23,8 @@ server must do for the gateway that ASGI cannot say.
 - SIGTERM and SIGINT drain the process (rule D1, ``DrainingServer``): the
   socket keeps listening while requests in flight end and new ones are
   refused (503, ``/readyz`` too), and only then does uvicorn stop.
+- A request's head is bounded in size and time (hopbase.request_heads):
+  431 past 64 KiB, 408 when not complete within HOPBASE_HEAD_TIMEOUT.
 - Anthropic's 529 goes out as ``529 Overloaded``, not with an empty reason.
 """
 
@@ -41,6 +43,7 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hopbase import lifecycle
+from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 from hopbase.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
 
 log = logging.getLogger("hopbase.uvicorn_web")
@@ -49,21 +52,66 @@ httptools_impl.STATUS_LINE[529] = b"HTTP/1.1 529 Overloaded\r\n"
 
 
 class HopBaseHttpTools(HttpToolsProtocol):
-    """uvicorn's HTTP/1.1 protocol (httptools), with the body limit and the
-    slow-client bound."""
+    """uvicorn's HTTP/1.1 protocol (httptools), with the body limit, the
+    head's bounds and the slow-client bound."""
 
     _body_read = 0
     _refused = False
+    _in_head = True  # between requests, or inside a head not complete yet
+    _head_bytes = 0
+    _ends_seen = 0  # heads and messages that ended: a read during which one did is not all head
+    _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=settings.HOPBASE_MAX_UNSENT_BYTES)
+        self._head_timer = self.loop.call_later(settings.HOPBASE_HEAD_TIMEOUT, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if not self._refused:  # once refused, nothing more of this connection is parsed
-            super().data_received(data)
+        if self._refused:  # once refused, nothing more of this connection is parsed
+            return
+        if self._in_head and self._head_timer is None:
+            self._head_timer = self.loop.call_later(settings.HOPBASE_HEAD_TIMEOUT, self._head_timed_out)
+        ends_seen = self._ends_seen
+        super().data_received(data)
+        if self._in_head and self._ends_seen == ends_seen and not self.transport.is_closing():
+            # No head or message ended in all of this, and no head is complete: every byte of it was head.
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._end_head(HEAD_TOO_LARGE, "over 64 KiB")
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self._end_head(HEAD_TIMED_OUT, "not complete in time")
+
+    def _end_head(self, answer: bytes, why: str) -> None:
+        self._refused = True
+        log.info("a request head was refused: %s (from %s)", why, self.client[0] if self.client else "?")
+        self.transport.write(answer)
+        self.transport.close()
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0
+        self._ends_seen += 1
+        if not self._refused:
+            super().on_message_complete()
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._ends_seen += 1
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        # A head that arrived in one read is measured whole here, before any request is made of it.
+        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > MAX_HEAD_BYTES:
+            self._end_head(HEAD_TOO_LARGE, "over 64 KiB")
+            return
         self._body_read = 0
         super().on_headers_complete()
         declared = declared_length(self.headers)
@@ -80,10 +128,6 @@ class HopBaseHttpTools(HttpToolsProtocol):
             self._refuse(f"passed {settings.HOPBASE_MAX_BODY_BYTES} bytes")
             return
         super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        if not self._refused:
-            super().on_message_complete()
 
     def _refuse(self, why: str) -> None:
         """The request, handed on with no body (an API path) or answered
