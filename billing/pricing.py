@@ -157,25 +157,29 @@ MULTIPLIER_PLACES = Decimal("0.0001")
 
 
 def with_surcharges(asked: list[Surcharge], extras: dict[str, str] | None,
-                    multiplier: Decimal) -> tuple[Decimal, str]:
+                    multiplier: Decimal) -> tuple[Decimal, str, list[Surcharge]]:
     """B10: the caller's multiplier with every surcharge the request asks
-    for applied, and the row's ``extras`` text naming them; a refusal (400
-    in the caller's format) naming the first one the model's price
-    (``ModelPrice.extras``: feature -> multiplier of the token charge) does
-    not name."""
+    for that the model's price (``ModelPrice.extras``: feature -> multiplier
+    of the token charge) allows applied, the row's ``extras`` text naming
+    them, and the optional ones it does not allow, to be taken out of the
+    request (``core.surcharges``); a refusal (400 in the caller's format)
+    naming the first other one it does not allow."""
     named: list[str] = []
+    dropped: list[Surcharge] = []
     for surcharge in asked:
-        if surcharge.feature in named:
-            continue
         price = (extras or {}).get(surcharge.feature)
+        if price is None and surcharge.optional:
+            dropped.append(surcharge)
+            continue
         if price is None:
             raise GatewayError(
                 ErrorKind.MALFORMED,
                 f"`{surcharge.field}` switches on `{surcharge.feature}`, which this gateway has no price for "
-                f"on this model. Remove it, or ask the operator to price it.")
-        multiplier *= Decimal(price)
-        named.append(surcharge.feature)
+                f"on this model. Remove it, or ask the operator to price it.", param=surcharge.field)
+        if surcharge.feature not in named:
+            multiplier *= Decimal(price)
+            named.append(surcharge.feature)
     if not named:
-        return multiplier, ""
+        return multiplier, "", dropped
     text = " ".join(f"{feature} x{Decimal(extras[feature]).normalize():f}" for feature in named)
-    return multiplier.quantize(MULTIPLIER_PLACES, rounding=ROUND_UP), text
+    return multiplier.quantize(MULTIPLIER_PLACES, rounding=ROUND_UP), text, dropped

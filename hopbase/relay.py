@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import httpx
@@ -34,13 +34,14 @@ from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
+from core.surcharges import without
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.capacity import FairShare
 from hopbase.drain import Drain
 from hopbase.ending import DRAIN_RETRY_AFTER, Committed
 from hopbase.limits import POLL_SECONDS, Limits
-from hopbase.protocols.base import Api, Mark, RequestFacts
+from hopbase.protocols.base import Api, Mark, RequestFacts, dumps
 from hopbase.releases import Releases
 from hopbase.reply import STREAM_HEADERS, Reply, error_reply
 from hopbase.run import Run
@@ -124,7 +125,11 @@ class Relay:
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
             if asked := api.surcharges(facts, headers):
-                run.caller = caller = await self.spend.surcharged(caller, facts.model, asked)
+                caller, dropped = await self.spend.surcharged(caller, facts.model, asked)
+                run.caller = caller
+                if dropped:  # an unpriced search the request only offers: answered unsearched (B10)
+                    body = without(facts.body, dropped)
+                    run.facts = facts = replace(facts, body=body, raw_body=dumps(body))
             run.hold = await self.spend.admit(caller, api, facts, request_id)
             pinned = await self._pinned(api, caller, facts)
             legs = legs_for(api, facts, request_id)

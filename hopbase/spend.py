@@ -180,13 +180,16 @@ class Spend:
             hold.tpm_key = caller.key_id
         return hold
 
-    async def surcharged(self, caller: Caller, model: str, asked: list[Surcharge]) -> Caller:
-        """The caller for a request that switches surcharges on (B10): its
-        multiplier with their prices applied, or the refusal naming the
-        first one the model's price does not allow."""
+    async def surcharged(self, caller: Caller, model: str,
+                         asked: list[Surcharge]) -> tuple[Caller, list[Surcharge]]:
+        """The caller for a request that switches surcharges on (B10), its
+        multiplier with their prices applied, and the optional ones to take
+        out of the request; or the refusal naming the first other one the
+        model's price does not allow."""
         price = (await self.prices.get()).get(model)
-        multiplier, extras = with_surcharges(asked, price.extras if price else None, caller.price_multiplier)
-        return replace(caller, price_multiplier=multiplier, extras=extras)
+        multiplier, extras, dropped = with_surcharges(asked, price.extras if price else None,
+                                                      caller.price_multiplier)
+        return replace(caller, price_multiplier=multiplier, extras=extras), dropped
 
     async def _reserve(self, hold: Hold, amount: int) -> None:
         now = datetime.now(UTC)
@@ -322,8 +325,9 @@ class Unmetered:
     async def admit(self, caller: Caller, api: Api, facts: RequestFacts, request_id: str) -> Hold | None:
         return None
 
-    async def surcharged(self, caller: Caller, model: str, asked: list[Surcharge]) -> Caller:
-        return caller
+    async def surcharged(self, caller: Caller, model: str,
+                         asked: list[Surcharge]) -> tuple[Caller, list[Surcharge]]:
+        return caller, []
 
     def ended(self, hold: Hold | None, record: Finished | None) -> None:
         """Nothing held."""

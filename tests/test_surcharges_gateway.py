@@ -2,7 +2,9 @@
 switches on something a channel bills beyond its tokens is refused 400 in
 its caller's format, naming the field, before any channel is called, unless
 the operator has priced it on the model; a priced one is charged at its
-multiplier and named in the log row and the export."""
+multiplier and named in the log row and the export. A web search the request
+only offers (Codex offers one every time) is taken out instead, unpriced,
+and the model answers unsearched."""
 
 from __future__ import annotations
 
@@ -26,18 +28,19 @@ pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
 SURCHARGES = [  # client API, what the request adds, the field the refusal names
     ("chat", {"service_tier": "priority"}, {}, "service_tier"),
-    ("chat", {"web_search_options": {}}, {}, "web_search_options"),
     ("responses", {"service_tier": "flex"}, {}, "service_tier"),
     ("responses", {"background": True}, {}, "background"),
-    ("responses", {"tools": [{"type": "web_search_preview"}]}, {}, "tools[0].type"),
+    ("responses", {"tools": [{"type": "web_search_preview"}], "tool_choice": {"type": "web_search_preview"}}, {},
+     "tools[0].type"),
     ("responses", {"tools": [{"type": "function", "name": "f", "parameters": {}},
                              {"type": "code_interpreter", "container": {"type": "auto"}}]}, {}, "tools[1].type"),
-    ("messages", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, {}, "tools[0].type"),
+    ("messages", {"tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                  "tool_choice": {"type": "tool", "name": "web_search"}}, {}, "tools[0].type"),
+    ("messages", {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}, {}, "tools[0].type"),
     ("messages", {}, {"anthropic-beta": "context-1m-2025-08-07"}, "anthropic-beta"),
     ("messages", {"system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral",
                                                                                    "ttl": "1h"}}]},
      {}, "cache_control.ttl"),
-    ("gemini", {"tools": [{"googleSearch": {}}]}, {}, "tools[0].googleSearch"),
     ("gemini", {"tools": [{"url_context": {}}]}, {}, "tools[0].url_context"),
 ]
 
@@ -59,6 +62,31 @@ def test_an_unpriced_surcharge_is_refused_naming_its_field_before_any_channel(ga
     row = wait_for_log(answer.headers["x-hopbase-request-id"])
     assert (row.status, row.attempts, row.channel_id, row.charge_usd or 0) == ("rejected", 0, None, 0)
     assert records(world.simulator.url, tag) == []  # no channel was called
+
+
+OFFERED_SEARCH = [  # client API, a web search it offers, what the channel must not see
+    ("chat", {"web_search_options": {}}, b"web_search_options"),
+    ("responses", {"tools": [{"type": "web_search"}, {"type": "function", "name": "f", "parameters": {}}]},
+     b"web_search"),
+    ("messages", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, b"web_search"),
+    ("gemini", {"tools": [{"googleSearch": {}}, {"functionDeclarations": [{"name": "f"}]}]}, b"googleSearch"),
+]
+
+
+@pytest.mark.parametrize(("api", "extra", "unseen"), OFFERED_SEARCH, ids=[api for api, _, _ in OFFERED_SEARCH])
+def test_an_unpriced_web_search_only_offered_is_taken_out_and_answered_unsearched(gateway, world, api, extra,
+                                                                                  unseen):
+    tag = new_tag()
+    request = call(api, world.key, "sim-model", f"hello [sim tag={tag}]", stream=False, **extra)
+    answer = httpx.post(gateway.url + request.path, json=request.body, headers=request.headers, timeout=10)
+    assert answer.status_code == 200, answer.text
+    (record,) = records(world.simulator.url, tag)
+    sent = json.dumps(record["body"]).encode()
+    assert unseen not in sent
+    if api in ("responses", "gemini"):  # the client's other tools still go
+        assert b'"f"' in sent
+    row = wait_for_log(answer.headers["x-hopbase-request-id"])
+    assert (row.status, row.extras) == ("completed", "")
 
 
 @pytest.fixture
@@ -84,7 +112,7 @@ def served_in_time(gateway, request, within: float = 5.0) -> httpx.Response:
 
 @pytest.mark.parametrize(("api", "extra", "feature", "multiplier"), [
     ("chat", {"service_tier": "priority"}, "service_tier:priority", Decimal("2")),
-    ("gemini", {"tools": [{"googleSearch": {}}]}, "tool:google_search", Decimal("1.5")),
+    ("gemini", {"tools": [{"googleSearch": {}}]}, "tool:google_search", Decimal("1.5")),  # priced: it goes
 ])
 def test_a_priced_surcharge_is_served_and_charged_at_its_multiplier(gateway, world, tiered_model, api, extra,
                                                                      feature, multiplier):
