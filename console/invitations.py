@@ -6,6 +6,15 @@ person (console.members) and signs them in.
 The token is 256 random bits in the link; only its SHA-256 is stored, so
 guessing is hopeless and a copy of the table opens nothing. Acceptance
 locks the invitation's row, so two tabs accepting at once make one person.
+
+An invitation binds the email it was sent to: where mail is set up, the
+link goes to that address only and the owner who made it never sees it, so
+whoever accepts it reads that mailbox (without mail the owner hands the
+link over, and the email is what they say it is). And an owner learns
+nothing of other tenants' people: any address may be invited (only this
+tenant's own people are refused, by name); one that has an account already
+cannot accept, and is told so on the acceptance page, which is theirs.
+Operators (``invitetenantuser``) are told at once.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from console.mail import send
+from console.mail import configured, send
 from console.members import MemberError, add_member, normal_email
 from console.models import Invitation, Role, TenantMembership
 from hopbase.models import Tenant
@@ -40,20 +49,23 @@ def path_of(token: str) -> str:
     return f"/console/invite/{token}/"
 
 
-def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple[Invitation, str]:
+def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser,
+           operator: bool = False) -> tuple[Invitation, str]:
     """A new invitation and its token (returned once, never stored), with
-    its audit row by ``by``."""
+    its audit row by ``by``. ``operator``: whether an address with an
+    account anywhere is refused at once (an operator may know)."""
     try:
         email = normal_email(email)
     except MemberError as error:
         raise InvitationRefused(f"Email: {error.message}.") from None
     if role not in Role.values:
         raise InvitationRefused(f"Role: {role!r} is not one of {', '.join(Role.values)}.")
+    if TenantMembership.objects.filter(tenant=tenant, user__username=email, user__is_active=True).exists():
+        raise InvitationRefused(f"{email} is one of your people already.")
     taken = get_user_model()._default_manager.filter(username=email).exclude(
         is_active=False, is_staff=False, is_superuser=False, membership__isnull=True)  # one removed may come back
-    if taken.exists():
-        # Whose account it is (this tenant's, another's, an operator's) is not the owner's to learn.
-        raise InvitationRefused(f"{email} cannot be invited: it has an account already. Ask your operator.")
+    if operator and taken.exists():
+        raise InvitationRefused(f"{email} cannot be invited: it has an account already.")
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         invitation = Invitation.objects.create(
@@ -63,6 +75,10 @@ def invite(tenant: Tenant, email: str, role: str, by: AbstractBaseUser) -> tuple
         _audit(by, invitation, ADDITION,
                f"Invited {email} as {role}, until {invitation.expires_at:%Y-%m-%d %H:%M} UTC.")
     return invitation, token
+
+
+def mail_set_up() -> bool:
+    return configured()
 
 
 def mail(invitation: Invitation, link: str) -> bool:
@@ -91,6 +107,9 @@ def accept(token: str, password: str) -> TenantMembership:
         try:
             membership = add_member(invitation.tenant, invitation.email, invitation.role, password)
         except MemberError as error:
+            if error.field == "email":  # told to whoever holds the link: the address's owner, where mail is set up
+                raise InvitationRefused(f"{invitation.email} has a HopBase account already: sign in with it, "
+                                        "or ask whoever invited you.", status=409) from None
             raise InvitationRefused(f"{error.field.capitalize()}: {error.message}.") from None
         invitation.accepted_at = timezone.now()
         invitation.save(update_fields=["accepted_at"])

@@ -166,9 +166,13 @@ def people(request: HttpRequest, membership: TenantMembership) -> HttpResponse:
             error = str(refused)
         else:
             link = request.build_absolute_uri(invitations.path_of(token))
-            # The one response that carries the link: rendered here, never stored.
+            # Where mail is set up, the link goes to the invited address only: the owner
+            # never sees it, so whoever accepts it reads that mailbox. Without mail, this
+            # is the one response that carries it: rendered here, never stored.
+            mail_set_up = invitations.mail_set_up()
+            mailed = mail_set_up and invitations.mail(invitation, link)
             return render(request, "console/invitation_made.html", {
-                "m": membership, "invitation": invitation, "link": link, "mailed": invitations.mail(invitation, link),
+                "m": membership, "invitation": invitation, "link": None if mail_set_up else link, "mailed": mailed,
             })
     members, pending = invitations.people(membership.tenant)
     return render(request, "console/people.html", {

@@ -110,9 +110,25 @@ def test_a_bad_invitation_is_refused_on_the_page(people, form, message):
     assert not Invitation.objects.exists()
 
 
-def test_someone_with_an_account_is_not_invited_again(people):
+def test_one_of_the_tenants_own_people_is_not_invited_again(people):
     response = signed_in(people.alice).post("/console/people/", {"email": people.bob.user.email, "role": "owner"})
-    assert response.status_code == 400 and "cannot be invited: it has an account already" in response.content.decode()
+    assert response.status_code == 400 and "is one of your people already" in response.content.decode()
+
+
+def test_an_owner_cannot_learn_whether_another_tenants_person_has_an_account(people):
+    """Inviting someone with an account elsewhere looks like inviting anyone:
+    only the acceptance page, the invitee's own, says they have one."""
+    theirs, nobodys = people.charlie.user.email, email("nobody")
+    pages = [signed_in(people.alice).post("/console/people/", {"email": address, "role": "member"})
+             for address in (theirs, nobodys)]
+    assert [page.status_code for page in pages] == [200, 200]
+    seen = [re.sub(r'value="[A-Za-z0-9]{64}"', "CSRF", LINK.sub("LINK", page.content.decode().replace(address, "X")))
+            for page, address in zip(pages, (theirs, nobodys))]
+    assert seen[0] == seen[1]  # the same page, whoever the address is
+    link = LINK.search(pages[0].content.decode()).group(0)
+    client, refused = join(link)
+    assert refused.status_code == 409 and "has a HopBase account already" in refused.content.decode()
+    assert not TenantMembership.objects.filter(user__username=theirs, tenant=people.tenant_a).exists()
 
 
 def test_a_member_sees_people_but_a_crafted_invitation_is_403(people):
@@ -131,13 +147,19 @@ def test_another_tenants_invitation_cannot_be_cancelled(people):
     assert theirs.email.encode() not in signed_in(people.alice).get("/console/people/").content
 
 
-def test_with_mail_set_up_the_link_is_mailed(people, settings):
+def test_with_mail_set_up_the_link_goes_to_the_address_only(people, settings):
+    """The invitation binds its email: the owner who made it never sees the
+    link, so they cannot accept it as someone else's address."""
     settings.EMAIL_HOST = "smtp.example.com"  # the test run's backend keeps mail in memory
     address = email("kim")
     page = signed_in(people.alice).post("/console/people/", {"email": address, "role": "owner"}).content.decode()
-    assert "on its way" in page
+    assert "on its way" in page and "only they can accept it" in page
+    assert LINK.search(page) is None
     (message,) = mail.outbox
-    assert message.to == [address] and LINK.search(message.body).group(0) == LINK.search(page).group(0)
+    assert message.to == [address]
+    client, response = join(LINK.search(message.body).group(0))
+    assert response.status_code == 302
+    assert TenantMembership.objects.get(user__username=address).tenant == people.tenant_a
 
 
 def test_the_link_goes_out_through_a_real_smtp_conversation(people, settings):
@@ -154,7 +176,7 @@ def test_the_link_goes_out_through_a_real_smtp_conversation(people, settings):
         sink.close()
     assert recipients == [address] and message["From"] == "HopBase <console@hopbase.test>"
     assert people.tenant_a.name in message["Subject"]
-    assert LINK.search(message.get_content()).group(0) == LINK.search(page.decode()).group(0)
+    assert LINK.search(message.get_content()) is not None and LINK.search(page.decode()) is None
 
 
 def test_the_command_prints_a_link_that_works(people, settings):
@@ -166,8 +188,10 @@ def test_the_command_prints_a_link_that_works(people, settings):
     assert link.startswith("https://llm.example.com/console/invite/")
     assert join(link.removeprefix("https://llm.example.com"))[1].status_code == 302
     assert TenantMembership.objects.get(user__username=address).role == "owner"
-    with pytest.raises(CommandError, match="has an account already"):
+    with pytest.raises(CommandError, match="one of your people already"):
         call_command("invitetenantuser", people.tenant_a.name, address, "--role", "member", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="has an account already"):  # an operator may know, elsewhere too
+        call_command("invitetenantuser", people.tenant_b.name, address, "--role", "member", stdout=io.StringIO())
 
 
 def test_a_live_link_never_reaches_the_log(people):

@@ -30,7 +30,7 @@ class Command(OperatorCommand):
     def handle(self, *args, tenant: str, email: str, role: str, base_url: str, **options) -> None:
         owner = find_tenant(tenant)
         try:
-            invitation, token = invitations.invite(owner, email, role.strip().lower(), audit.actor())
+            invitation, token = invitations.invite(owner, email, role.strip().lower(), audit.actor(), operator=True)
         except invitations.InvitationRefused as refused:
             raise CommandError(str(refused)) from None
         link = (base_url.rstrip("/") or settings.HOPBASE_PUBLIC_URL) + invitations.path_of(token)
