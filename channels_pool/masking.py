@@ -1,6 +1,9 @@
-"""A channel's credential kept out of what operators and logs see: a
-provider may quote a refused key back in its error text, which HopBase keeps
-for operators (the channel's health, the test button)."""
+"""What operators are shown of a channel's refusals (the channel's health,
+the test button): the provider's own error words, never a piece of the
+channel's credential (a provider may quote a refused key back), and nothing
+of an answer that is not a provider's error at all (an HTML page, an
+internal service's text: a channel pointed at one must not be a way to read
+it)."""
 
 from __future__ import annotations
 
@@ -42,3 +45,14 @@ def credential_pieces(secret: str) -> set[str]:
                 # A PEM key may be quoted a line at a time.
                 pieces.update(line for line in info[name].splitlines() if "-----" not in line)
     return pieces
+
+
+PROVIDER_MARKERS = ('"error"', '"message"', '"Message"', '"__type"')
+
+
+def provider_words(body: str) -> str:
+    """An error body as operators may read it: a JSON object naming an error
+    or a message, as every provider's is; else nothing."""
+    if body.lstrip().startswith("{") and any(marker in body for marker in PROVIDER_MARKERS):
+        return body
+    return ""

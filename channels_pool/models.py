@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from channels_pool.destinations import LocalDestination, check_destination
 from channels_pool.kinds import KINDS, ConfigError
 from core.encryption import EncryptedTextField
 from core.model_names import split_alias
@@ -131,8 +132,11 @@ class Channel(models.Model):
             raise ValidationError({"secret": f"{article} {kind.name} channel needs a key."})
         try:
             kind.check(self.base_url, self.secret, self.settings())
+            check_destination(self.base_url)
         except ConfigError as error:
             raise ValidationError({"secret" if error.field == "api_key" else error.field: error.message}) from None
+        except LocalDestination as error:
+            raise ValidationError({"base_url": str(error)}) from None
 
     def model_map(self) -> dict[str, str]:
         """Public model name -> the name this channel is sent."""

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from channels_pool.destinations import LocalDestination, check_destination
 from channels_pool.http_client import new_client
 from channels_pool.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
 from channels_pool.masking import masked
@@ -131,6 +132,10 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
         return ProbeResult(channel.name, model, status, latency, ok=status == 200 and not error,
                            error=masked(error, channel.secret)[:MAX_DETAIL])
 
+    try:
+        check_destination(channel.base_url)  # saved before it was checked, or before the setting changed
+    except LocalDestination as error:
+        return result(None, str(error))
     embedding = embedding_call(kind, model)
     try:
         request = kind.request(channel, embedding or probe_call(kind, model))
@@ -154,11 +159,16 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
             elif item is Signal.END:
                 return result(attempt.status, "" if ended else "the answer ended before its end marker")
             elif isinstance(item, UpstreamFailure):
-                return result(item.status, item.detail or NO_ANSWER.get(item.kind, item.kind))
+                return result(item.status, item.detail or NO_ANSWER.get(item.kind) or NOT_A_PROVIDER)
             elif item is Signal.TIMEOUT and loop.time() >= deadline:
                 return result(attempt.status, f"no complete answer within {TIMEOUT:.0f} s")
     finally:
         attempt.end()
+
+
+# A refusal whose body is not a provider's error (channels_pool.masking) is
+# told by its status alone.
+NOT_A_PROVIDER = "the answer was not a model provider's error (its body is not shown)"
 
 
 def stream_error(event: Event) -> str | None:

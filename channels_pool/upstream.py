@@ -24,7 +24,7 @@ import httpx
 from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url
 from channels_pool.http_client import read_up_to, retry_after_seconds, timed_out
 from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
-from channels_pool.masking import masked
+from channels_pool.masking import masked, provider_words
 from channels_pool.parts import read_in_parts
 from core.errors import UpstreamFailure
 from core.sse import Event
@@ -160,7 +160,7 @@ class Attempt:
     async def _refused(self, response: httpx.Response) -> UpstreamFailure:
         body = await read_up_to(response, MAX_ERROR_BODY)
         failure = self._classify(response.status_code, body, retry_after_seconds(response.headers))
-        detail = failure.detail or body.decode("utf-8", "replace")  # kept for operators: never the secret
+        detail = failure.detail or provider_words(body.decode("utf-8", "replace"))  # shown to operators
         return replace(failure, detail=masked(detail, self.channel.secret)[:MAX_DETAIL])
 
     async def _whole(self, response: httpx.Response, upstream: UpstreamRequest) -> bytes:

@@ -110,6 +110,11 @@ HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
 # Redis unreachable too, a key revoked meanwhile may be served as long.
 HOPBASE_STALE_MAX_AGE = env_seconds("HOPBASE_STALE_MAX_AGE", 600)
 HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
+# Whether a channel may point at this machine (loopback: a model server
+# beside the gateway, the simulator in tests and the demo); the link-local
+# range (cloud metadata) never may (channels_pool.destinations). Set 0 where
+# nothing on the gateway's machine is a model provider.
+HOPBASE_ALLOW_LOOPBACK_CHANNELS = env_bool("HOPBASE_ALLOW_LOOPBACK_CHANNELS", True)
 HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)
 # Requests one process holds open at once; the excess is refused at once
 # (hopbase.admission). 0: derived from RLIMIT_NOFILE and the upstream pool.

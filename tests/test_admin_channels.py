@@ -381,6 +381,9 @@ class StubUpstream(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.path.startswith("/internal/"):  # not a provider: an internal service's own page
+            self.answer(403, "text/html", b"<html><body>internal-admin-console token=s3cr3t</body></html>")
+            return
         if self.path.startswith("/half/"):
             chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "m1",
                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "O"}, "finish_reason": None}]}
@@ -517,3 +520,32 @@ def test_staff_who_may_not_change_channels_cannot_test_one(simulator, sim_record
     changelist = client.get(reverse("admin:channels_pool_channel_changelist")).content.decode()
     assert 'value="test_channels"' not in changelist
     assert sim_records("not-theirs-to-test") == []  # the channel was never sent a request
+
+
+def test_an_answer_that_is_not_a_providers_error_shows_no_words(admin_client, stub_upstream):
+    channel = make_channel("openai-internal", base_url=f"{stub_upstream}/internal/v1", served_models=["m1"])
+    level, text = press_test(admin_client, channel)
+    assert level == "error" and "HTTP 403" in text and "not a model provider's error" in text
+    assert "internal-admin-console" not in text and "s3cr3t" not in text
+
+
+@pytest.mark.parametrize("base_url", ["http://169.254.169.254/latest", "http://[fe80::1]:8080", "http://0.0.0.0:9"])
+def test_a_channel_cannot_point_at_the_link_local_range(admin_client, base_url):
+    response = admin_client.post(reverse("admin:channels_pool_channel_add"), {
+        "name": "metadata", "protocol": "openai", "base_url": base_url, "secret": "sk-x", "served_models": "m1",
+        "priority": "0", "weight": "1", "enabled": "on"})
+    assert response.status_code == 200 and "may not point there" in response.content.decode()
+    assert not Channel.objects.filter(name="metadata").exists()
+
+
+def test_loopback_is_refused_when_the_setting_says_so(admin_client, settings, stub_upstream):
+    settings.HOPBASE_ALLOW_LOOPBACK_CHANNELS = False
+    form = {"name": "local", "protocol": "openai", "base_url": "http://localhost:9/v1", "secret": "sk-x",
+            "served_models": "m1", "priority": "0", "weight": "1", "enabled": "on"}
+    response = admin_client.post(reverse("admin:channels_pool_channel_add"), form)
+    assert "this machine: a channel may not point there" in response.content.decode()
+    assert not Channel.objects.filter(name="local").exists()
+    # One saved before the setting changed is refused when tested, with no request made.
+    channel = make_channel("openai-saved-local", base_url=f"{stub_upstream}/v1", served_models=["m1"])
+    level, text = press_test(admin_client, channel)
+    assert level == "error" and "may not point there" in text and "Incorrect API key" not in text
