@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 import httpx
@@ -14,7 +15,7 @@ from django.core.management import call_command
 
 from billing.models import LedgerEntry
 from billing.settlement import settle_many
-from tests.wire import call, wait_for_log, wait_for_records
+from tests.wire import call, sent_bytes, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
@@ -32,8 +33,15 @@ def expected_charge(log) -> Decimal:
     return total.quantize(Decimal("1e-10"), rounding=ROUND_HALF_UP)
 
 
-def streamed(gateway, world, model: str, directives: str, hang_up_after: int | None = None) -> tuple[str, int]:
-    """The request id, and the prompt's words: the simulator's input tokens."""
+@dataclass
+class Sent:
+    request_id: str
+    prompt_words: int  # the simulator's input tokens
+    received: bytes  # what the client read, to its hang-up
+    provided: bytes  # what the provider (the simulator) wrote, to the hang-up
+
+
+def streamed(gateway, world, model: str, directives: str, hang_up_after: int | None = None) -> Sent:
     tag = uuid.uuid4().hex[:10]
     prompt = f"what is the weather [sim tag={tag} {directives}]"
     request = call("messages", world.key, model, prompt)
@@ -44,9 +52,23 @@ def streamed(gateway, world, model: str, directives: str, hang_up_after: int | N
             seen += chunk
             if hang_up_after is not None and seen.count(b"text_delta") >= hang_up_after:
                 break
+    provided = b""
     if hang_up_after is not None:
-        wait_for_records(world.simulator.url, tag, closed=True)
-    return request_id, len(prompt.split())
+        (record,) = wait_for_records(world.simulator.url, tag, closed=True)
+        provided = sent_bytes(record)
+    return Sent(request_id, len(prompt.split()), seen, provided)
+
+
+def delta_text(stream: bytes) -> str:
+    """The text of an Anthropic stream's text deltas (a cut-off last event is not counted)."""
+    text = ""
+    for line in stream.split(b"\n"):
+        if line.startswith(b"data: ") and b"text_delta" in line:
+            try:
+                text += json.loads(line[6:])["delta"]["text"]
+            except ValueError:
+                continue
+    return text
 
 
 def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
@@ -57,13 +79,13 @@ def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
         "interrupted": streamed(gateway, world, "sim-model", "tokens=8 cut_after=3"),
         "failed": streamed(gateway, world, "all-down", "tokens=3"),
     }
-    logs = {status: wait_for_log(request_id) for status, (request_id, _) in sent.items()}
+    logs = {status: wait_for_log(one.request_id) for status, one in sent.items()}
     assert {status: log.status for status, log in logs.items()} == {s: s for s in sent}
 
     completed = logs["completed"]
     # Anthropic reports cache reads and writes beside (not inside) input (B9).
     assert (completed.input_tokens, completed.cache_read_tokens, completed.cache_write_tokens) == (
-        sent["completed"][1] - 3,
+        sent["completed"].prompt_words - 3,
         2,
         1,
     )
@@ -71,7 +93,14 @@ def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
     for status in ("cancelled", "stalled", "interrupted"):
         assert logs[status].usage_estimated is True
         assert logs[status].output_tokens >= 3
-        assert logs[status].input_tokens == sent[status][1]  # reported up front by message_start
+        assert logs[status].input_tokens == sent[status].prompt_words  # reported up front by message_start
+    # A hang-up is billed, from the outside, at least what the client read and
+    # at most what the provider wrote before it stopped (B1, B3: 4 characters a token).
+    cancelled, hung_up = logs["cancelled"], sent["cancelled"]
+    read, written = delta_text(hung_up.received), delta_text(hung_up.provided)
+    assert read and written.startswith(read)
+    assert -(-len(read) // 4) <= cancelled.output_tokens <= -(-len(written) // 4)
+    assert len(written.split()) < 100  # the provider was stopped: it never wrote the whole answer
     assert (logs["failed"].input_tokens, logs["failed"].output_tokens) == (0, 0)
 
     # What the Celery worker runs for them (tests/test_settlement_worker.py runs a

@@ -6,6 +6,7 @@ however many log rows the tenant has."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pytest
@@ -27,6 +28,9 @@ def world():
     top_up(people.tenant_b, Decimal("777.77"))
     key_b, secret_b = make_key(people.tenant_b, label="b-private-key")
     log_b = make_log(people.tenant_b, key_b, model="b-private-model", charge_usd=Decimal("3.3333"))
+    # A's own, which A's pages must show: a page that did not render would show neither.
+    key_a, _ = make_key(people.tenant_a, label="a-own-key")
+    make_log(people.tenant_a, key_a, model="a-own-model", charge_usd=Decimal("1.2345"))
     return people, key_b, secret_b, log_b
 
 
@@ -44,18 +48,38 @@ def test_another_tenants_key_cannot_be_revoked_by_an_owner_404_or_a_member_403(w
     assert ApiKey.objects.authenticate(secret_b) is not None
 
 
-@pytest.mark.parametrize("path", [
-    "/console/", "/console/logs/", "/console/statement/", "/console/statement.csv", "/console/keys/",
-    "/console/connect/", "/console/people/",
-])
+# Each page as A's people see it: its status, and something of A's own it shows.
+PAGES = {
+    "/console/": (200, "a-own-model"),
+    "/console/logs/": (200, "a-own-model"),
+    "/console/statement/": (200, "Statement"),
+    "/console/statement.csv": (200, "request_id"),
+    "/console/keys/": (200, "a-own-key"),
+    "/console/connect/": (200, "base_url"),
+    "/console/people/": (200, "alice"),
+}
+
+
+@pytest.mark.parametrize("path", list(PAGES))
 def test_no_page_shows_another_tenants_data_even_asked_by_its_ids(world, path):
     people, key_b, _secret, log_b = world
-    query = f"?key={key_b.pk}"
+    status, own = PAGES[path]
     for who in (people.alice, people.bob):
-        response = signed_in(who).get(path + query)
-        body = b"".join(response) if response.streaming else response.content
-        for secret_of_b in (log_b.request_id, "b-private-model", "b-private-key", key_b.prefix, "777.77", "3.3333"):
-            assert secret_of_b.encode() not in body, (path, secret_of_b)
+        # B's ids, as the pages' filters take them.
+        for query in (f"?key={key_b.pk}", f"?request_id={log_b.request_id}&model=b-private-model"):
+            response = signed_in(who).get(path + query)
+            body = b"".join(response) if response.streaming else response.content
+            assert response.status_code == status, (path, query, response.status_code)
+            if path == "/console/logs/":  # the filters apply to A's rows: none of them match B's ids
+                assert b"No requests match." in body, (path, query)
+            else:
+                assert own.encode() in body, (path, query)  # the page rendered, with A's own
+            shown = body
+            for asked in re.findall(r"=([^&]+)", query):  # a filter's own field echoes what was asked
+                shown = shown.replace(f'value="{asked}"'.encode(), b"")
+            for secret_of_b in (log_b.request_id, "b-private-model", "b-private-key", key_b.prefix, "777.77",
+                                "3.3333"):
+                assert secret_of_b.encode() not in shown, (path, query, secret_of_b)
 
 
 def test_searching_another_tenants_request_id_finds_nothing(world):

@@ -272,9 +272,12 @@ def test_a_revoked_key_stops_working_within_the_cache_ttl(gateway, world):
     assert httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 200
     row.revoke()
     revoked_at = time.monotonic()
-    while httpx.post(gateway.url + request.path, json=request.body, headers=request.headers).status_code == 200:
+    while (refused := httpx.post(gateway.url + request.path, json=request.body,
+                                 headers=request.headers)).status_code == 200:
         assert time.monotonic() - revoked_at < 0.5 + 1  # HOPBASE_CONFIG_TTL in the test gateway, plus slack
     assert time.monotonic() - revoked_at < 1.5
+    # The refusal meant: table E's unknown key, in the caller's format.
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key", refused.text
 
 
 def test_a_request_marks_its_key_as_used(gateway, world):
