@@ -47,10 +47,17 @@ class ChannelForm(forms.ModelForm):
                   "inference profile).",
     )
 
+    responses_only = ModelListField(
+        required=False,
+        help_text="OpenAI and Azure: comma-separated upstream model names served on /v1/responses only (the "
+                  "gpt-5-codex class); clients of the other APIs reach them translated to Responses. HopBase "
+                  "also learns one when the provider refuses Chat Completions for it.",
+    )
+
     class Meta:
         model = Channel
         fields = [
-            "name", "protocol", "base_url", *SETTINGS, "secret", "clear_secret", "served_models",
+            "name", "protocol", "base_url", *SETTINGS, "secret", "clear_secret", "served_models", "responses_only",
             "priority", "weight", "max_concurrency", "enabled", "cross_protocol",
         ]
         widgets = {"api_version": forms.TextInput(attrs={"placeholder": DEFAULT_API_VERSION})}

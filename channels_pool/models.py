@@ -87,6 +87,11 @@ class Channel(models.Model):
     api_version = models.CharField(max_length=40, blank=True, help_text="Azure: the API version (empty: a current GA one)")
     # Entries are names or aliases, public=upstream (core.model_names).
     served_models = models.JSONField(default=list, help_text="Model names this channel serves")
+    # Upstream names this channel serves on OpenAI's Responses API alone (the
+    # gpt-5-codex class refuses Chat Completions): clients of the other APIs
+    # reach them translated to Responses (hopbase.translation.legs).
+    responses_only = models.JSONField(default=list, blank=True,
+                                      help_text="Models served on /v1/responses only (openai and azure channels)")
     priority = models.IntegerField(default=0, help_text="Higher is tried first")
     weight = models.PositiveIntegerField(default=1, help_text="Share among channels of equal priority")
     max_concurrency = models.PositiveIntegerField(null=True, blank=True, help_text="Empty = no limit")

@@ -36,6 +36,7 @@ class ChannelInfo:
     weight: int
     max_concurrency: int | None
     cross_protocol: bool = True  # may serve clients of other protocols, translated
+    responses_only: frozenset[str] = frozenset()  # upstream names served on Responses alone
     region: str = ""
     project: str = ""
     location: str = ""
@@ -71,6 +72,7 @@ def _load() -> list[ChannelInfo]:
             weight=c.weight,
             max_concurrency=c.max_concurrency,
             cross_protocol=c.cross_protocol,
+            responses_only=frozenset(c.responses_only or ()),
             region=c.region,
             project=c.project,
             location=c.location,

@@ -48,7 +48,8 @@ from hopbase.run import Run
 from hopbase.spend import Spend, Unmetered
 from hopbase.translation.base import Leg
 from hopbase.translation.embeddings import EmbeddingLegs
-from hopbase.translation.legs import Legs, legs_for
+from hopbase.protocols.openai_chat import RESPONSES_ONLY_KIND
+from hopbase.translation.legs import Legs, learn_responses_only, legs_for
 from hopbase.translation.neutral import CannotServe
 
 log = logging.getLogger("hopbase.relay")
@@ -132,7 +133,7 @@ class Relay:
                     run.facts = facts = replace(facts, body=body, raw_body=dumps(body))
             run.hold = await self.spend.admit(caller, api, facts, request_id)
             pinned = await self._pinned(api, caller, facts)
-            legs = legs_for(api, facts, request_id)
+            run.legs = legs = legs_for(api, facts, request_id)
             found = await self.directory.candidates(legs.wires(), facts.model, pinned, native=api.wire,
                                                     grammar_of=legs.grammar)
             candidates = self.board.arrange(found)
@@ -234,6 +235,14 @@ class Relay:
                 # request's fault, whichever channel answers it, and never
                 # counted against the channel (a tenant could trip breakers).
                 raise self._state_not_found(run.api)
+            if outcome.kind == RESPONSES_ONLY_KIND and run.legs is not None:
+                # The model refuses Chat Completions: learnt, and asked again on this channel in Responses.
+                learn_responses_only(channel, leg.facts.model)
+                try:
+                    routes.insert(index + 1, (channel, run.legs.to(channel)))
+                except CannotServe as error:  # what Responses cannot say (stop sequences): the request's to mend
+                    raise GatewayError(ErrorKind.MALFORMED, error.reason, param=error.field) from None
+                continue
             if not outcome.channel_fault:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)

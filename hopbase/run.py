@@ -30,6 +30,8 @@ from hopbase.reply import Reply
 if TYPE_CHECKING:
     from hopbase.relay import Relay
     from hopbase.spend import Hold
+    from hopbase.translation.embeddings import EmbeddingLegs
+    from hopbase.translation.legs import Legs
 
 Status = RequestStatus
 
@@ -48,6 +50,7 @@ class Run:
         self.request_id = request_id
         self.api = api
         self.caller = caller
+        self.legs: Legs | EmbeddingLegs | None = None  # how it reaches each channel, once chosen
         self.facts = facts
         self.headers = headers
         self.created_at = datetime.now(UTC)

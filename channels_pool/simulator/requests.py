@@ -13,6 +13,7 @@ Keys: tokens, thinking, tool, pace, first_delay, status, reason, retry_after,
 error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
 crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write,
 report_output (the output count the usage reports, any integer, negative too),
+responses_only (Chat Completions refused as OpenAI refuses it for the gpt-5-codex class),
 and for the clouds (``channels_pool.simulator.clouds``): content_filter,
 filter_finish (Azure), exception_after, exception, bad_crc_after (Bedrock).
 Unknown keys and malformed values are ignored, so a request always gets an answer.
@@ -156,6 +157,7 @@ class Directives:
     cached: int = 0
     cache_write: int = 0
     report_output: int | None = None
+    responses_only: bool = False
     content_filter: bool = False  # Azure: refuse the prompt (400 content_filter)
     filter_finish: bool = False  # Azure: end with finish_reason content_filter
     exception: str | None = None  # Bedrock: the exception type of the failure at token N
@@ -193,6 +195,7 @@ class Directives:
             cached=_number(raw, "cached", int, 0),
             cache_write=_number(raw, "cache_write", int, 0),
             report_output=_signed(raw.get("report_output")),
+            responses_only=bool(_flag(raw, "responses_only")),
             content_filter=bool(_flag(raw, "content_filter")),
             filter_finish=bool(_flag(raw, "filter_finish")),
             exception=raw.get("exception") or None,

@@ -46,6 +46,10 @@ ROUTES = {
 # --------------------------------------------------------------------------- the server
 
 
+# OpenAI's answer to Chat Completions for a model it serves on Responses alone.
+RESPONSES_ONLY = "This model is only supported in v1/responses and not in v1/chat/completions."
+
+
 class Simulator(SideEndpoints, CloudEndpoints):
     """The fake provider. ``await start(host, port)`` returns the bound port (0 picks one)."""
 
@@ -194,6 +198,8 @@ class Simulator(SideEndpoints, CloudEndpoints):
             headers = {"retry-after": directives.retry_after} if directives.retry_after else {}
             failure = wire.error_body(protocol, directives.status, directives.reason)
             return await self._json(conn, request, directives.status, failure, record, headers)
+        if directives.responses_only and protocol == "chat":
+            return await self._json(conn, request, 400, wire.error_body(protocol, 400, message=RESPONSES_ONLY), record)
         if not isinstance(parsed, dict):
             failure = wire.error_body(protocol, 400, message="simulated upstream: the body is not a JSON object")
             return await self._json(conn, request, 400, failure, record)

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from typing import Any
 
 from channels_pool.kinds import Call, Operation
-from core.errors import ErrorKind, GatewayError
+from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.sse import Event
 from core.surcharges import Surcharge, openai_surcharges
 from core.usage import plausible_usage
@@ -59,6 +59,12 @@ def openai_error_is_busy(error: Any) -> bool:
     if not isinstance(error, dict):
         return False
     return bool({error.get("code"), error.get("type")} & BUSY_CODES)
+
+
+# OpenAI's refusal of Chat Completions for a model it serves on Responses alone
+# ("This model is only supported in v1/responses and not in v1/chat/completions.").
+RESPONSES_ONLY = b"only supported in v1/responses"
+RESPONSES_ONLY_KIND = "responses_only"
 
 
 class ChatWatcher(StreamWatcher):
@@ -226,6 +232,13 @@ class ChatCompletions(OpenAIApi):
 
     def choices(self, facts: RequestFacts) -> int:
         return whole_number(facts.body.get("n")) or 1
+
+    def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
+        if status == 400 and RESPONSES_ONLY in body:
+            # The model is served on the Responses API alone (the gpt-5-codex class): not the
+            # request's fault nor the channel's; the relay reaches it there (translation.legs).
+            return UpstreamFailure(RESPONSES_ONLY_KIND, status, channel_fault=False)
+        return super().upstream_failure(status, body, retry_after)
 
     def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
         return openai_surcharges(facts.body, tools_hosted=False)

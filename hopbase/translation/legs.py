@@ -10,6 +10,7 @@ for the channel's protocol, and the answer translated back event by event
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,9 +20,16 @@ from channels_pool.kinds import Operation
 from channels_pool.selection import ChannelInfo
 from core.errors import GatewayError
 from core.vocabulary import ApiName, WireProtocol
-from hopbase.protocols import CHAT, CONVERSE, GEMINI, MESSAGES
+from hopbase.protocols import CHAT, CONVERSE, GEMINI, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
-from hopbase.translation import anthropic_request, chat_request, converse_request, gemini_request, responses_request
+from hopbase.translation import (
+    anthropic_request,
+    chat_request,
+    converse_request,
+    gemini_request,
+    responses_request,
+    responses_upstream,
+)
 from hopbase.translation.anthropic_stream import AnthropicReader, AnthropicWriter
 from hopbase.translation.base import Leg, Reader, Writer
 from hopbase.translation.chat_stream import ChatReader, ChatWriter
@@ -30,6 +38,7 @@ from hopbase.translation.embeddings import EmbeddingLegs
 from hopbase.translation.gemini_stream import GeminiReader, GeminiWriter
 from hopbase.translation.neutral import CannotServe, Conversation
 from hopbase.translation.responses_stream import ResponsesWriter
+from hopbase.translation.responses_upstream import ResponsesReader
 from hopbase.translation.sealed import unsealed
 from hopbase.translation.watcher import TranslatingWatcher
 
@@ -58,6 +67,8 @@ class ChannelSide:
     reader: type[Reader]
 
 
+# A model an OpenAI or Azure channel serves on the Responses API alone.
+RESPONSES_SIDE = ChannelSide(RESPONSES, responses_upstream.encode, ResponsesReader)
 CHANNEL_SIDES: dict[str, ChannelSide] = {
     WireProtocol.OPENAI: ChannelSide(CHAT, chat_request.encode, ChatReader),
     WireProtocol.ANTHROPIC: ChannelSide(MESSAGES, anthropic_request.encode, AnthropicReader),
@@ -65,6 +76,7 @@ CHANNEL_SIDES: dict[str, ChannelSide] = {
     WireProtocol.CONVERSE: ChannelSide(CONVERSE, converse_request.encode, ConverseReader),
 }
 ALL_WIRES = frozenset(CHANNEL_SIDES)
+log = logging.getLogger("hopbase.translation")
 
 
 class Legs:
@@ -95,7 +107,12 @@ class Legs:
         model = channel.upstream_model(self.facts.model)
         grammar = channel.kind.grammar(model)
         side = CHANNEL_SIDES[grammar]
-        api = self.api if grammar == self.api.wire else side.api
+        if grammar == WireProtocol.OPENAI and responses_only(channel, model):
+            side = RESPONSES_SIDE  # a Chat client too is translated: the model refuses Chat Completions
+        # A client of the channel's own grammar passes through, unless the model takes Responses alone and
+        # the client is a Chat one.
+        native = grammar == self.api.wire and not (side is RESPONSES_SIDE and self.api is not RESPONSES)
+        api = self.api if native else side.api
         if not channel.kind.serves(api.operation):
             raise CannotServe("model", f"A {channel.protocol} channel cannot take this request.")
         if api is self.api:
@@ -130,6 +147,24 @@ class Legs:
         if self._decoded is None:
             self._decoded = DECODERS[self.api.name](self.facts)
         return self._decoded
+
+
+# Models learned to be served on Responses alone (the channel refused Chat
+# Completions for them), by (channel id, upstream name): this process's.
+_learned_responses_only: set[tuple[int, str]] = set()
+
+
+def responses_only(channel: ChannelInfo, model: str) -> bool:
+    return model in channel.responses_only or (channel.id, model) in _learned_responses_only
+
+
+def learn_responses_only(channel: ChannelInfo, model: str) -> None:
+    """The channel refused Chat Completions for ``model`` as served on
+    Responses alone: from now on this process reaches it there."""
+    if (channel.id, model) not in _learned_responses_only:
+        _learned_responses_only.add((channel.id, model))
+        log.warning("channel %s serves %s on the Responses API only: reached there from now on in this process "
+                    "(mark it Responses-only on the channel to keep it so)", channel.name, model)
 
 
 TOO_DEEP = "The request is nested too deeply to be translated for this model's channels (255 levels at most)."

@@ -29,7 +29,7 @@ from core.commands import (
     parse_name,
     parse_optional_positive,
 )
-from core.model_names import parse_channel_models
+from core.model_names import parse_channel_models, parse_model_names
 
 PROTOCOLS = list(KINDS)
 # A kind's own settings (ChannelKind.settings) and the flags that set them.
@@ -85,6 +85,11 @@ class Command(OperatorCommand):
             help="Models this channel serves; public=upstream sends the upstream name for the public one "
                  "(azure: the deployment; bedrock: the model id or inference profile)",
         )
+        parser.add_argument(
+            "--responses-only", default="", metavar="M1,M2",
+            help="openai, azure: upstream model names served on /v1/responses only (the gpt-5-codex class); "
+                 "clients of the other APIs reach them translated to Responses",
+        )
         parser.add_argument("--priority", default="0", metavar="N", help="Higher is tried first (default 0)")
         parser.add_argument("--weight", default="1", metavar="N", help="Share among equal priorities (default 1)")
         parser.add_argument("--max-concurrency", metavar="N", help="Open requests at once (default: no limit)")
@@ -107,12 +112,14 @@ class Command(OperatorCommand):
         base_url = checked(options["base_url"], validate_base_url, "--base-url")
         key_flag, secret = self._secret(options)
         models = checked(options["models"], parse_channel_models, "--models")
+        responses_only = checked(options["responses_only"], parse_model_names, "--responses-only")
         priority = parse_int(options["priority"], "--priority", minimum=-INT_MAX)
         weight = parse_int(options["weight"], "--weight", minimum=1)
         max_concurrency = parse_optional_positive(options["max_concurrency"], "--max-concurrency")
         settings = self._settings(protocol, options)
         channel = Channel(
             name=name, protocol=protocol, base_url=base_url, secret=secret, served_models=models,
+            responses_only=responses_only,
             priority=priority, weight=weight, max_concurrency=max_concurrency,
             cross_protocol=not options["native_only"], **settings,
         )
