@@ -139,7 +139,7 @@ def openai_surcharges(body: dict, tools_hosted: bool) -> list[Surcharge]:
     return found
 
 
-def anthropic_surcharges(body: dict, headers: dict[str, str]) -> list[Surcharge]:
+def anthropic_surcharges(body: dict, headers: dict[str, str], raw_body: bytes) -> list[Surcharge]:
     found: list[Surcharge] = []
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -156,7 +156,8 @@ def anthropic_surcharges(body: dict, headers: dict[str, str]) -> list[Surcharge]
         for priced in PRICED_BETAS:
             if flag.startswith(priced):
                 found.append(Surcharge(f"anthropic-beta:{priced}", "anthropic-beta"))
-    if one_hour_cache(body):
+    # The walk only for a body that could ask (its bytes name "1h", or escape a character that could spell it).
+    if (b'"1h"' in raw_body or b"\\u" in raw_body) and one_hour_cache(body):
         found.append(Surcharge("cache_ttl:1h", "cache_control.ttl"))
     return found
 
