@@ -40,7 +40,7 @@ from django.db import (
 from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import RequestLog
-from billing.spool import Spool
+from billing.spool import Spool, set_aside
 from billing.tasks import publisher
 from core.snapshots import refresh_connection
 from core.vocabulary import ApiName, RequestStatus
@@ -175,8 +175,8 @@ class Recorder:
                 raise
             except Exception:
                 # One bad row (its channel gone, a value out of range) must
-                # not hold up the others, nor every later replay.
-                self._insert_one_by_one(items)
+                # not hold up the others, nor every later replay: set aside.
+                self._set_aside(self._insert_one_by_one(items))
         except (OperationalError, InterfaceError):
             connections.close_all()
             return False
@@ -229,14 +229,13 @@ class Recorder:
 
         A row the batch insert refuses (its channel deleted meanwhile) is
         retried alone, then without its channel; a database that is down is
-        retried with backoff. What still cannot be written after that stays
-        in the spool (B11), logged in full, and is replayed with the
-        process's spool."""
+        retried with backoff. What still cannot be written after that is set
+        aside in the spool (B11, ``spool.set_aside``), logged in full, and
+        offered again with dead processes' records, never dropped."""
         delay = 0.25
         while True:
             try:
                 refresh_connection()
-                kept: set[str] = set()
                 try:
                     self._insert([to_row(item) for item in batch])
                 except (OperationalError, InterfaceError):
@@ -245,7 +244,7 @@ class Recorder:
                     log.exception("could not write a batch of %d request logs; trying one by one", len(batch))
                     # Rows written before an outage here are written again
                     # (ignored: request_id is unique) when the batch is retried.
-                    kept = self._insert_one_by_one(batch)
+                    self._set_aside(self._insert_one_by_one(batch))
                 break
             except (OperationalError, InterfaceError):
                 # The records are safe in the spool; keep trying, never more
@@ -256,7 +255,7 @@ class Recorder:
                 connections.close_all()
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY)
-        self.spool.committed([item.request_id for item in batch if item.request_id not in kept])
+        self.spool.committed([item.request_id for item in batch])
         if not log.isEnabledFor(logging.INFO):
             return  # no request lines at this log level: nothing to build them for
         for item in batch:
@@ -278,9 +277,9 @@ class Recorder:
             # robust: a settlement failure must not look like a failed write.
             transaction.on_commit(lambda: self._publish(ids), robust=True)
 
-    def _insert_one_by_one(self, batch: list[Finished]) -> set[str]:
-        """Each row alone; the ids of those the database still refuses."""
-        kept: set[str] = set()
+    def _insert_one_by_one(self, batch: list[Finished]) -> list[Finished]:
+        """Each row alone; those the database still refuses."""
+        kept: list[Finished] = []
         for item in batch:
             try:
                 row = to_row(item)
@@ -293,9 +292,13 @@ class Recorder:
             except (OperationalError, InterfaceError):
                 raise  # the database, not the row: retried with the batch
             except Exception:
-                log.exception("request log refused by the database, kept in the spool: %r", item)
-                kept.add(item.request_id)
+                log.exception("request log refused by the database, set aside in the spool: %r", item)
+                kept.append(item)
         return kept
+
+    def _set_aside(self, refused: list[Finished]) -> None:
+        if refused:
+            set_aside(self.spool.directory, refused)
 
     def flush(self, timeout: float = 10) -> bool:
         """Wait until everything recorded so far is written (or given up on)."""

@@ -231,6 +231,18 @@ def read_segments(paths: list[Path]) -> list[Finished]:
     return list(finals.values())
 
 
+def set_aside(directory: Path, items: list[Finished]) -> None:
+    """Records the database refused (B11): written as a segment of their own
+    that no process holds, so ``replay_dead`` offers them to the database
+    again each time it runs (once what refused them is mended, they land),
+    and they are never dropped. The segments they came from can go."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"refused-{secrets.token_hex(8)}{SUFFIX}"
+    temporary = path.with_suffix(".partial")  # never read half-written: renamed once whole
+    temporary.write_bytes(b"".join(FINAL + item.to_json() + b"\n" for item in items))
+    temporary.rename(path)
+
+
 def replay_dead(directory: Path, write: Callable[[list[Finished]], bool]) -> int:
     """Write the records of dead processes' segments to the database and
     delete those segments; returns how many records were written. All dead

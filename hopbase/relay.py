@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import httpx
+import orjson
 from django.conf import settings
 
 from billing.finished import Finished
@@ -49,7 +50,7 @@ from hopbase.spend import Spend, Unmetered
 from hopbase.translation.base import Leg
 from hopbase.translation.embeddings import EmbeddingLegs
 from hopbase.protocols.openai_chat import RESPONSES_ONLY_KIND
-from hopbase.translation.legs import Legs, learn_responses_only, legs_for
+from hopbase.translation.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
 from hopbase.translation.neutral import CannotServe
 
 log = logging.getLogger("hopbase.relay")
@@ -146,6 +147,11 @@ class Relay:
             run.error_kind = run.error_kind or error.kind.value
             run.finish(RequestStatus.FAILED if run.attempts else RequestStatus.REJECTED)
             return error_reply(api, error)
+        except orjson.JSONEncodeError:
+            # A body nested past what JSON writers take (255 levels), met where it is written anew.
+            run.error_kind = ErrorKind.MALFORMED.value
+            run.finish(RequestStatus.REJECTED)
+            return error_reply(api, GatewayError(ErrorKind.MALFORMED, TOO_DEEP))
         except Exception:
             log.exception("request %s failed inside the relay", request_id)
             run.error_kind = "internal"

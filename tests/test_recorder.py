@@ -6,6 +6,7 @@ records: keys' last use, channel health and the sweep run elsewhere
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from decimal import Decimal
 
 import pytest
@@ -16,7 +17,9 @@ from django.utils import timezone
 from billing.finished import Finished
 from billing.models import RequestLog
 from billing.recorder import Recorder, to_row
+from billing.spool import replay_dead
 from core.usage import Usage
+from hopbase.models import Tenant
 from tests.factories import make_channel, make_key
 
 
@@ -55,24 +58,37 @@ def test_a_row_whose_channel_was_deleted_is_kept_without_its_channel():
 
 
 class Journal:
-    """The spool's side the recorder talks to: what it was told is written."""
+    """The spool's side the recorder talks to: what it was told is written,
+    and where refused records are set aside."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self.written: list[str] = []
+        self.directory = directory
 
     def committed(self, request_ids: list[str]) -> None:
         self.written += request_ids
 
 
-@pytest.mark.django_db
-def test_a_row_that_cannot_be_built_stays_in_the_spool_and_the_others_are_written(caplog):
+@pytest.mark.usefixtures("committed_db")
+def test_a_row_the_database_refuses_is_set_aside_and_offered_again_until_it_lands(tmp_path, caplog):
     key, _ = make_key()
-    batch = [finished(key), finished(key, usage=None), finished(key)]
-    journal = Journal()
-    Recorder(publish=lambda ids: None, spool=journal)._write(batch)
+    orphan = finished(key, tenant_id=987_654)  # no such tenant (yet): the database refuses its row
+    batch = [finished(key), orphan, finished(key)]
+    journal = Journal(tmp_path)
+    recorder = Recorder(publish=lambda ids: None, spool=journal)
+    recorder._write(batch)
     assert set(written(batch)) == {batch[0].request_id, batch[2].request_id}
-    assert journal.written == [batch[0].request_id, batch[2].request_id]  # the refused one is replayed later
-    assert "kept in the spool" in caplog.text and batch[1].request_id in caplog.text
+    assert journal.written == [item.request_id for item in batch]  # its segment may go: the record is set aside
+    assert "set aside in the spool" in caplog.text and orphan.request_id in caplog.text
+    # Offered again with dead processes' records: refused again, set aside again, never dropped.
+    assert replay_dead(tmp_path, recorder.write_now) == 1
+    assert orphan.request_id not in written([orphan])
+    (again,) = tmp_path.glob("*.spool")
+    assert orphan.request_id.encode() in again.read_bytes()
+    # Once what refused it is mended, the next replay writes it, once.
+    Tenant.objects.create(pk=987_654, name="late")
+    assert replay_dead(tmp_path, recorder.write_now) == 1
+    assert list(written([orphan])) == [orphan.request_id] and not list(tmp_path.glob("*.spool"))
 
 
 @pytest.mark.usefixtures("committed_db")

@@ -84,20 +84,28 @@ def dumps(obj: Any) -> bytes:
 def prompt_text_chars(value: Any) -> int:
     """Characters of prompt text in any nesting of strings, lists and dicts,
     counting only text-bearing fields (so image data and schemas do not count).
-    A walk with a stack of its own: a client's body may nest 1,024 levels."""
+    A walk with a stack of its own; text nested past MAX_DEPTH is refused
+    (``ValueError``: the request is malformed), as no JSON writer could send
+    it on."""
     total = 0
-    pending = [value]
+    pending = [(value, 0)]
     while pending:
-        item = pending.pop()
+        item, depth = pending.pop()
         if isinstance(item, str):
             total += len(item)
-        elif isinstance(item, list):
-            pending.extend(item)
+            continue
+        if depth > MAX_DEPTH:
+            raise ValueError("nested too deeply")
+        if isinstance(item, list):
+            pending.extend((each, depth + 1) for each in item)
         elif isinstance(item, dict):
-            pending.extend(item[key] for key in TEXT_KEYS if key in item)
+            pending.extend((item[key], depth + 1) for key in TEXT_KEYS if key in item)
     return total
 
 
+# orjson writes 255 levels at most: a body deeper than that can be read but
+# never sent on (translated, or its model renamed).
+MAX_DEPTH = 250
 TEXT_KEYS = ("content", "text", "parts", "input", "output", "arguments")
 
 
