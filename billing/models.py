@@ -37,7 +37,7 @@ def valid_extras(value: object) -> None:
     if not isinstance(value, dict):
         raise ValidationError("Surcharges are an object: feature -> multiplier.")
     for feature, multiplier in value.items():
-        if not isinstance(feature, str) or not feature or not isinstance(multiplier, str):
+        if not isinstance(feature, str) or not 0 < len(feature) <= 60 or not isinstance(multiplier, str):
             raise ValidationError(f"{feature!r}: give the multiplier as a decimal string, e.g. \"1.5\".")
         try:
             number = Decimal(multiplier)

@@ -152,8 +152,10 @@ class PriceBook:
 prices = PriceBook()
 
 
-# The row keeps a multiplier to four places; rounding up never under-bills.
+# The row keeps a multiplier to four places (rounding up never under-bills)
+# and four before the point (RequestLog.price_multiplier).
 MULTIPLIER_PLACES = Decimal("0.0001")
+MAX_MULTIPLIER = Decimal("10000")
 
 
 def with_surcharges(asked: list[Surcharge], extras: dict[str, str] | None,
@@ -181,5 +183,8 @@ def with_surcharges(asked: list[Surcharge], extras: dict[str, str] | None,
             named.append(surcharge.feature)
     if not named:
         return multiplier, "", dropped
+    if multiplier >= MAX_MULTIPLIER:  # the row keeps 4 digits before the point: refused, never stored wrong
+        raise GatewayError(ErrorKind.MALFORMED, "The surcharges this request switches on together are more than "
+                           "this gateway can bill. Ask for fewer of them.", param=asked[0].field)
     text = " ".join(f"{feature} x{Decimal(extras[feature]).normalize():f}" for feature in named)
     return multiplier.quantize(MULTIPLIER_PLACES, rounding=ROUND_UP), text, dropped

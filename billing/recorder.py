@@ -109,7 +109,7 @@ def to_row(item: Finished) -> RequestLog:
         duration_ms=item.duration_ms,
         upstream_status=item.upstream_status,
         price_multiplier=item.price_multiplier,
-        extras=item.extras,
+        extras=_text(item.extras, 200),
     )
 
 

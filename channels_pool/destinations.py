@@ -50,9 +50,11 @@ def check_destination(base_url: str) -> None:
 
 def _addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     try:
-        return [ipaddress.ip_address(host)]
+        literal = ipaddress.ip_address(host)
     except ValueError:
         pass
+    else:  # ::ffff:169.254.169.254 reaches 169.254.169.254
+        return [getattr(literal, "ipv4_mapped", None) or literal]
     try:
         found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):

@@ -139,7 +139,20 @@ def openai_surcharges(body: dict, tools_hosted: bool) -> list[Surcharge]:
     return found
 
 
-def anthropic_surcharges(body: dict, headers: dict[str, str], raw_body: bytes) -> list[Surcharge]:
+def beta_surcharges(headers: dict[str, str]) -> list[Surcharge]:
+    """Priced ``anthropic-beta`` flags, whatever API the client called: the
+    header goes on to any Anthropic, Bedrock or Vertex channel that serves
+    the request, translated or not."""
+    found: list[Surcharge] = []
+    for flag in headers.get("anthropic-beta", "").split(","):
+        flag = flag.strip()
+        for priced in PRICED_BETAS:
+            if flag.startswith(priced):
+                found.append(Surcharge(f"anthropic-beta:{priced}", "anthropic-beta"))
+    return found
+
+
+def anthropic_surcharges(body: dict, raw_body: bytes) -> list[Surcharge]:
     found: list[Surcharge] = []
     tools = body.get("tools")
     choice = body.get("tool_choice")
@@ -151,13 +164,8 @@ def anthropic_surcharges(body: dict, headers: dict[str, str], raw_body: bytes) -
             found.append(Surcharge(f"tool:{name}", f"tools[{n}].type", ("tools", n) if optional else ()))
     if body.get("mcp_servers"):
         found.append(Surcharge("tool:mcp", "mcp_servers"))
-    for flag in headers.get("anthropic-beta", "").split(","):
-        flag = flag.strip()
-        for priced in PRICED_BETAS:
-            if flag.startswith(priced):
-                found.append(Surcharge(f"anthropic-beta:{priced}", "anthropic-beta"))
-    # The walk only for a body that could ask (its bytes name "1h", or escape a character that could spell it).
-    if (b'"1h"' in raw_body or b"\\u" in raw_body) and one_hour_cache(body):
+    # The walk only for a body whose bytes could ask: "1h" as it is, or with either character escaped.
+    if (b'"1h"' in raw_body or b"\\u0031" in raw_body or b"\\u0068" in raw_body) and one_hour_cache(body):
         found.append(Surcharge("cache_ttl:1h", "cache_control.ttl"))
     return found
 

@@ -35,7 +35,7 @@ from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
-from core.surcharges import without
+from core.surcharges import beta_surcharges, without
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
 from hopbase.capacity import FairShare
@@ -126,7 +126,7 @@ class Relay:
                 run.resources.callback(self.fair.release, caller.tenant_id)
             if await self.limits.admit_key(caller.key_id, caller.rpm, caller.concurrency):
                 run.resources.callback(self.limits.release_key, caller.key_id)
-            if asked := api.surcharges(facts, headers):
+            if asked := api.surcharges(facts, headers) + beta_surcharges(headers):
                 caller, dropped = await self.spend.surcharged(caller, facts.model, asked)
                 run.caller = caller
                 if dropped:  # an unpriced search the request only offers: answered unsearched (B10)
@@ -217,6 +217,7 @@ class Relay:
         loop = asyncio.get_running_loop()
         hold_until = loop.time() + self.timings.hold_max
         failures: list[UpstreamFailure] = []
+        refusal: CannotServe | None = None  # a learnt Responses-only model the request cannot be written for
         for index, (channel, leg) in enumerate(routes):
             is_last = index == len(routes) - 1
             with Releases() as held:
@@ -246,13 +247,15 @@ class Relay:
                 learn_responses_only(channel, leg.facts.model)
                 try:
                     routes.insert(index + 1, (channel, run.legs.to(channel)))
-                except CannotServe as error:  # what Responses cannot say (stop sequences): the request's to mend
-                    raise GatewayError(ErrorKind.MALFORMED, error.reason, param=error.field) from None
+                except CannotServe as error:  # what Responses cannot say (stop sequences): other candidates may
+                    refusal = refusal or error
                 continue
             if not outcome.channel_fault:
                 raise GatewayError(*self._request_fault(outcome))
             failures.append(outcome)
             self.board.failed(channel.id, outcome.kind, outcome.detail)
+        if refusal is not None and not failures:
+            raise GatewayError(ErrorKind.MALFORMED, refusal.reason, param=refusal.field)
         run.error_kind = failures[-1].kind if failures else "no_channel"
         raise self._all_failed(failures)
 

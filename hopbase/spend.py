@@ -169,7 +169,10 @@ class Spend:
         input_tokens, output = worst_case(api, facts, price)
         hold = Hold(request_id, budgets, [], price=price)
         if budgets:
-            worst = Priced(facts.model, RequestStatus.COMPLETED, datetime.now(UTC), input_tokens, output)
+            # Input at the dearer of its two rates: a prompt may be written to the provider's cache.
+            cached = price is not None and price.cache_write_usd_per_mtok > price.input_usd_per_mtok
+            worst = Priced(facts.model, RequestStatus.COMPLETED, datetime.now(UTC), 0 if cached else input_tokens,
+                           output, cache_write_tokens=input_tokens if cached else 0)
             await self._reserve(hold, to_units(charge_for(worst, price, caller.price_multiplier)) if price else 0)
         if caller.tpm is not None:
             try:

@@ -264,8 +264,18 @@ def _end_head(channel, answer: bytes, why: str) -> None:
     channel.dataReceived = channel.lineReceived = _drop  # nothing more of it is parsed
     peer = getattr(channel.transport.getPeer(), "host", "?")
     log.info("a request head was refused: %s (from %s)", why, peer)
-    channel.transport.write(answer)
-    channel.transport.loseConnection()
+    transport = channel.transport
+    transport.write(answer)
+    # Closed at once, with the client's head still arriving, the connection could be reset over the answer:
+    # the sending side first, the connection LINGER_SECONDS later (unless the client closed first).
+    try:
+        transport.loseWriteConnection()
+    except (AttributeError, NotImplementedError):
+        transport.loseConnection()
+        return
+    from twisted.internet import reactor
+
+    reactor.callLater(LINGER_SECONDS, transport.loseConnection)
 
 
 def _drop(*args: object) -> None:

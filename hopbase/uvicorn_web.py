@@ -94,7 +94,8 @@ class HopBaseHttpTools(HttpToolsProtocol):
         self._refused = True
         log.info("a request head was refused: %s (from %s)", why, self.client[0] if self.client else "?")
         self.transport.write(answer)
-        self.transport.close()
+        # Closed at once, with the client's head still arriving, the connection could be reset over the answer.
+        Lingering(self.transport, self.loop).close()
 
     def on_message_complete(self) -> None:
         self._in_head, self._head_bytes = True, 0

@@ -529,7 +529,8 @@ def test_an_answer_that_is_not_a_providers_error_shows_no_words(admin_client, st
     assert "internal-admin-console" not in text and "s3cr3t" not in text
 
 
-@pytest.mark.parametrize("base_url", ["http://169.254.169.254/latest", "http://[fe80::1]:8080", "http://0.0.0.0:9"])
+@pytest.mark.parametrize("base_url", ["http://169.254.169.254/latest", "http://[fe80::1]:8080", "http://0.0.0.0:9",
+                                      "http://[::ffff:169.254.169.254]/latest"])
 def test_a_channel_cannot_point_at_the_link_local_range(admin_client, base_url):
     response = admin_client.post(reverse("admin:channels_pool_channel_add"), {
         "name": "metadata", "protocol": "openai", "base_url": base_url, "secret": "sk-x", "served_models": "m1",

@@ -119,6 +119,9 @@ def test_the_worst_case_counts_every_answer_asked_for(world):
               "generationConfig": {"candidateCount": 3, "maxOutputTokens": 50}}
     route = {"model": MODEL, "action": "generateContent", "version": "v1beta"}
     assert worst(GEMINI, gemini, route) == (100, 150)
+    # Google's JSON takes numbers as strings too: "3" makes three answers all the same.
+    as_strings = {**gemini, "generationConfig": {"candidateCount": "3", "maxOutputTokens": "50"}}
+    assert worst(GEMINI, as_strings, route) == (100, 150)
 
 
 def test_a_request_naming_no_cap_reserves_the_models_ceiling(world):
@@ -142,6 +145,18 @@ def test_images_files_and_tool_schemas_count_at_a_generous_estimate(world):
                                                                            "description": "y" * 4000}}}
     with_tools = worst(CHAT, {**body, "tools": [schema]})[0]
     assert with_tools > 1 + MEDIA_TOKENS + 1000 + TOOLS_PREAMBLE_TOKENS
+
+
+def test_input_is_reserved_at_the_cache_write_rate_where_that_is_dearer(world):
+    tenant, key, caller = world
+    make_price("cached-model", input_usd_per_mtok=Decimal("3"), output_usd_per_mtok=Decimal("0"),
+               cache_write_usd_per_mtok=Decimal("6"))
+    Budget.objects.create(tenant=tenant, api_key=key, period="1d", limit_usd=Decimal("10"))
+    store = LocalBudgetStore()
+    body = {"model": "cached-model", "max_tokens": 1, "messages": [{"role": "user", "content": "x" * 4000}]}
+    hold = asyncio.run(Spend(store).admit(caller, MESSAGES, MESSAGES.parse(body, dumps(body), {}), "r"))
+    # 1,000 tokens of prompt at 6 USD per million (not 3), times the tenant's 1.5; one output token at 0.
+    assert from_units(store.reserved(hold.lines[0])) == Decimal("0.009")
 
 
 def test_tokens_per_minute_count_the_same_worst_case(world):

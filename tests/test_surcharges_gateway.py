@@ -38,6 +38,8 @@ SURCHARGES = [  # client API, what the request adds, the field the refusal names
                   "tool_choice": {"type": "tool", "name": "web_search"}}, {}, "tools[0].type"),
     ("messages", {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}, {}, "tools[0].type"),
     ("messages", {}, {"anthropic-beta": "context-1m-2025-08-07"}, "anthropic-beta"),
+    # The header goes on to any Anthropic channel, whatever API the client called.
+    ("chat", {}, {"anthropic-beta": "interleaved-thinking-2025-05-14,context-1m-2025-08-07"}, "anthropic-beta"),
     ("messages", {"system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral",
                                                                                    "ttl": "1h"}}]},
      {}, "cache_control.ttl"),
@@ -130,3 +132,12 @@ def test_a_priced_surcharge_is_served_and_charged_at_its_multiplier(gateway, wor
     call_command("exportbilling", "--format", "jsonl", stdout=out)
     exported = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [line["extras"] for line in exported if line["request_id"] == row.request_id] == [row.extras]
+
+
+def test_a_cache_cannot_hold_a_hosted_tool_that_every_later_request_would_use_unpriced(gateway, world):
+    tag = new_tag()
+    made = httpx.post(f"{gateway.url}/v1beta/cachedContents", headers={"x-goog-api-key": world.key}, timeout=10,
+                      json={"model": "models/sim-model", "tools": [{"googleSearch": {}}],
+                            "contents": [{"role": "user", "parts": [{"text": f"doc [sim tag={tag}]"}]}]})
+    assert made.status_code == 400 and "`tools[0].googleSearch`" in made.json()["error"]["message"]
+    assert records(world.simulator.url, tag) == []

@@ -192,7 +192,9 @@ class BedrockKind(ChannelKind):
 
     @staticmethod
     def _messages_body(call: Call) -> dict[str, Any]:
-        body = {k: v for k, v in call.body.items() if k not in ("model", "stream")}
+        # A client's own "anthropic_beta" key never goes: the flags come from
+        # its header alone, checked for surcharges (B10) and allowed for Bedrock.
+        body = {k: v for k, v in call.body.items() if k not in ("model", "stream", "anthropic_beta")}
         body["anthropic_version"] = ANTHROPIC_VERSION
         # Bedrock takes Anthropic's beta flags in the body, not as a header;
         # only those it knows (it refuses the request for any other).

@@ -149,7 +149,8 @@ class VertexKind(ChannelKind):
             url, content = f"{publisher}/anthropic/models/count-tokens:rawPredict", anthropic_counted(call.body, call.model)
         elif call.operation is Operation.MESSAGES:
             url = f"{publisher}/anthropic/models/{model}:streamRawPredict"
-            body = {k: v for k, v in call.body.items() if k != "model"}
+            # Beta flags go in the header only (checked and allowed): never a client's "anthropic_beta" key.
+            body = {k: v for k, v in call.body.items() if k not in ("model", "anthropic_beta")}
             body["anthropic_version"] = ANTHROPIC_VERSION
             body["stream"] = True
             content = orjson.dumps(body)

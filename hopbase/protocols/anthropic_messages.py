@@ -169,7 +169,7 @@ class Messages(Api):
         return whole_number(facts.body.get("max_tokens"))
 
     def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
-        return anthropic_surcharges(facts.body, client_headers, facts.raw_body)
+        return anthropic_surcharges(facts.body, facts.raw_body)
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

@@ -141,11 +141,12 @@ def nontext_tokens(body: Any) -> int:
             tokens += estimate_tokens(json_chars(value))
             if key in ("tools", "functions"):
                 tokens += TOOLS_PREAMBLE_TOKENS
-    pending: list[Any] = [body]
+    # Media sits in the conversation, never in the schemas counted above: those are not walked again.
+    pending: list[Any] = [value for key, value in body.items() if key not in SCHEMA_KEYS]
     while pending:
         value = pending.pop()
         if isinstance(value, list):
-            pending.extend(value)
+            pending.extend(item for item in value if isinstance(item, (list, dict)))
         elif isinstance(value, dict):
             if value.get("type") in MEDIA_TYPES or not MEDIA_KEYS.isdisjoint(value):
                 tokens += max(MEDIA_TOKENS, estimate_tokens(longest_string(value)))
@@ -155,9 +156,12 @@ def nontext_tokens(body: Any) -> int:
 
 
 def json_chars(value: Any) -> int:
-    """About the characters of ``value`` written as JSON: its strings, keys
-    and numbers, and a few for each punctuation mark (no JSON writer: those
-    stop at 255 levels, and a client may send more)."""
+    """The characters of ``value`` written as JSON; past what a JSON writer
+    takes (255 levels), about as many, counted by hand."""
+    try:
+        return len(dumps(value))
+    except orjson.JSONEncodeError:
+        pass
     chars = 0
     pending = [value]
     while pending:
@@ -272,8 +276,9 @@ class Api:
         return 1
 
     def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
-        """What the request switches on that a channel bills beyond its
-        tokens (B10, ``core.surcharges``)."""
+        """What the request's body switches on that a channel bills beyond
+        its tokens (B10, ``core.surcharges``; priced beta headers are every
+        API's, ``beta_surcharges``)."""
         return []
 
     def upstream_calls(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Call]:

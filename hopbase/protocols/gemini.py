@@ -71,6 +71,17 @@ def gemini_error(kind: ErrorKind, message: str) -> tuple[int, dict[str, Any]]:
     return status, {"error": error}
 
 
+def proto_int(value: Any) -> int | None:
+    """A positive integer as Google's JSON takes one: a number (8, 8.0) or a
+    string of digits ("8"); None for anything else. Reading only numbers
+    would let "candidateCount": "8" reserve one answer while eight are made."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return whole_number(value)
+
+
 def snake_or_camel(mapping: Any, camel: str, snake: str) -> Any:
     if not isinstance(mapping, dict):
         return None
@@ -151,7 +162,9 @@ class GeminiWatcher(StreamWatcher):
         cached = usage.get("cachedContentTokenCount") or 0
         thoughts = usage.get("thoughtsTokenCount") or 0
         u = self.usage
-        u.input_tokens = max(0, (usage.get("promptTokenCount") or 0) - cached)
+        # What a tool fetched (search results, a URL's page) is input Google bills too.
+        tool_use = usage.get("toolUsePromptTokenCount") or 0
+        u.input_tokens = max(0, (usage.get("promptTokenCount") or 0) - cached) + tool_use
         u.cache_read_tokens = cached
         u.output_tokens = (usage.get("candidatesTokenCount") or 0) + thoughts
         u.thinking_tokens = thoughts
@@ -200,11 +213,11 @@ class Gemini(Api):
 
     def output_cap(self, facts: RequestFacts) -> int | None:
         config = snake_or_camel(facts.body, "generationConfig", "generation_config")
-        return whole_number(snake_or_camel(config, "maxOutputTokens", "max_output_tokens"))
+        return proto_int(snake_or_camel(config, "maxOutputTokens", "max_output_tokens"))
 
     def choices(self, facts: RequestFacts) -> int:
         config = snake_or_camel(facts.body, "generationConfig", "generation_config")
-        return whole_number(snake_or_camel(config, "candidateCount", "candidate_count")) or 1
+        return proto_int(snake_or_camel(config, "candidateCount", "candidate_count")) or 1
 
     def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
         return gemini_surcharges(facts.body)

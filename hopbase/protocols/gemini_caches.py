@@ -16,7 +16,9 @@ from typing import Any
 import orjson
 
 from channels_pool.kinds import Call, Operation
+from core.errors import ErrorKind, GatewayError
 from core.sse import Event
+from core.surcharges import Surcharge
 from core.usage import Usage
 from hopbase.protocols.base import Mark, RequestFacts, StreamWatcher, dumps, prompt_text_chars
 from hopbase.protocols.gemini import Gemini, snake_or_camel
@@ -52,6 +54,15 @@ class GeminiCaches(Gemini):
 
     def output_cap(self, facts: RequestFacts) -> int | None:
         return 0  # nothing is written back but what the input costs
+
+    def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:
+        # A hosted tool kept in a cache is used by every request that names the cache, none of which
+        # carries it: it could be priced once, at the cache's making, and used for free after. Refused.
+        for surcharge in super().surcharges(facts, client_headers):
+            raise GatewayError(ErrorKind.MALFORMED, f"`{surcharge.field}`: a cached content cannot hold "
+                               f"`{surcharge.feature}`; send the tool with each request instead.",
+                               param=surcharge.field)
+        return []
 
     def parse(self, body: Any, raw_body: bytes, route: dict[str, str]) -> RequestFacts:
         model = self.require_model(body)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+import orjson
+
 from channels_pool.kinds import Call, Operation
 from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.sse import Event
@@ -65,6 +67,18 @@ def openai_error_is_busy(error: Any) -> bool:
 # ("This model is only supported in v1/responses and not in v1/chat/completions.").
 RESPONSES_ONLY = b"only supported in v1/responses"
 RESPONSES_ONLY_KIND = "responses_only"
+
+
+def refuses_chat_for_the_model(body: bytes) -> bool:
+    """Whether a 400 is OpenAI's own words about the model, not a client's
+    field name quoted back in another refusal (any tenant could otherwise
+    turn a shared model over to Responses)."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    message = error.get("message") if isinstance(error, dict) else None
+    return isinstance(message, str) and message.startswith("This model is only supported in v1/responses")
 
 
 class ChatWatcher(StreamWatcher):
@@ -234,7 +248,7 @@ class ChatCompletions(OpenAIApi):
         return whole_number(facts.body.get("n")) or 1
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
-        if status == 400 and RESPONSES_ONLY in body:
+        if status == 400 and RESPONSES_ONLY in body and refuses_chat_for_the_model(body):
             # The model is served on the Responses API alone (the gpt-5-codex class): not the
             # request's fault nor the channel's; the relay reaches it there (translation.legs).
             return UpstreamFailure(RESPONSES_ONLY_KIND, status, channel_fault=False)

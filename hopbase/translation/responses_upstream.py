@@ -39,6 +39,7 @@ from hopbase.translation.neutral import (
     ToolResult,
 )
 
+MIN_OUTPUT_TOKENS = 16
 INCOMPLETE = {"max_output_tokens": StopReason.LENGTH, "content_filter": StopReason.CONTENT_FILTER}
 THINKING_DELTAS = ("response.reasoning_summary_text.delta", "response.reasoning_text.delta")
 TEXT_DELTAS = ("response.output_text.delta", "response.refusal.delta")
@@ -62,7 +63,8 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
         if conversation.tool_choice is not None:
             body["tool_choice"] = _tool_choice(conversation.tool_choice)
     if conversation.max_tokens is not None:
-        body["max_output_tokens"] = conversation.max_tokens
+        # Responses refuses a cap under 16 (Claude Code probes with max_tokens 1).
+        body["max_output_tokens"] = max(conversation.max_tokens, MIN_OUTPUT_TOKENS)
     if conversation.temperature is not None:
         body["temperature"] = conversation.temperature
     if conversation.top_p is not None:
