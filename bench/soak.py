@@ -290,7 +290,7 @@ def wait_idle(urls: list[str], within: float = IDLE_WITHIN) -> list[int]:
 
 def redis_warnings(gateway: Child, calm_from: datetime.datetime, outages: int) -> str:
     """How many Redis outages a gateway saw (one warning each, by the
-    README), against how many the soak made; and how many in the calm end."""
+    docs/operations.md), against how many the soak made; and how many in the calm end."""
     calm = calm_from.strftime("%Y-%m-%d %H:%M:%S,%f")[:23]
     seen = [line for line in gateway.log_path.read_text(errors="replace").splitlines()
             if "hopbase.dependencies redis unreachable" in line]

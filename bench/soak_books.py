@@ -140,7 +140,7 @@ def make_world(simulator_url: str, key_concurrency: int, channel_concurrency: in
 
 def refused_before_the_key(outcome: Outcome) -> bool:
     """Answers given before the key was read, or without a key the gateway
-    could check: they carry a request id but leave no request log (README:
+    could check: they carry a request id but leave no request log (docs/operations.md:
     Failure handling, Outages)."""
     from core.errors import DatabaseUnavailable
     from hopbase.admission import DRAINING, FULL

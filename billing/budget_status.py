@@ -89,7 +89,7 @@ def spent_by_budget(budgets: list[Budget], windows: dict[int, Window]) -> dict[i
     totals = RequestLog.objects.filter(functools.reduce(operator.or_, filters.values())).aggregate(
         **{f"budget_{pk}": Sum("charge_usd", filter=found) for pk, found in filters.items()}
     )
-    # To the ledger's 10 places: SQLite adds its decimals as floating point (README, "Known limits").
+    # To the ledger's 10 places: SQLite adds its decimals as floating point (docs/operations.md, "Known limits").
     return {pk: round_charge(totals[f"budget_{pk}"]) if totals[f"budget_{pk}"] is not None else Decimal(0)
             for pk in filters}
 

@@ -1,6 +1,6 @@
 """Copy-paste snippets for the console's connect page (K2): each client
 pointed at this gateway by the base URL the console itself is served from,
-written the way that client's own settings take it (README, "Claude Code
+written the way that client's own settings take it (docs/providers.md, "Claude Code
 and Codex CLI")."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ hands it (``--fd``).
 
 uvicorn, with uvloop and httptools, spends about half of Daphne's CPU per
 request and per streamed event on the same bare relay (bench/floor.py:
-README, Performance); hopbase.uvicorn_web gives it what HopBase changes in
+docs/performance.md); hopbase.uvicorn_web gives it what HopBase changes in
 Twisted under Daphne (hopbase.twisted_web, hopbase.lifecycle).
 
 ``--server daphne`` runs Daphne's own command line. Daphne makes its event

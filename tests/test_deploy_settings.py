@@ -1,6 +1,6 @@
 """Deployment settings (issue 10 item 3): SECRET_KEY required, narrow
 ALLOWED_HOSTS by default, TLS settings behind a proxy, and ``manage.py check
---deploy`` clean for the production settings README documents. Each case
+--deploy`` clean for the production settings docs/configuration.md documents. Each case
 starts Django afresh in a process of its own, on hopbase.settings itself."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-# Everything a deployment sets, as README's "Configuration" documents it.
+# Everything a deployment sets, as docs/configuration.md documents it.
 PRODUCTION = {
     "SECRET_KEY": secrets.token_urlsafe(50),
     "ALLOWED_HOSTS": "hopbase.example.com",

@@ -1,4 +1,4 @@
-"""Dependencies run one way (the layout in README, "How a request flows"):
+"""Dependencies run one way (the layout in docs/architecture.md, "How a request flows"):
 
     hopbase (the gateway)  ->  channels_pool, billing  ->  core
     console (the customers' pages)  ->  billing, the shared models, core

@@ -3,7 +3,7 @@
 Claude Code (``claude -p``) and Codex CLI (``codex exec``), the npm packages
 pinned in tests/clients (``npm ci --prefix tests/clients``; .ci/run does it,
 and so does this module when they are missing), each run as a process with a
-private home and only the settings the README documents, plus those that
+private home and only the settings docs/providers.md documents, plus those that
 keep it offline: no login, no telemetry, no update check, no network but the
 gateway's port. Each client is served by a channel of its own protocol
 (pass-through) and by one of the other (translated, under a model alias):
@@ -337,7 +337,7 @@ def check_logs(route: Route, key_id: int, calls: list[dict]) -> None:
 
 
 def claude_env(rig: Rig, route: Route, key: str, home: Path) -> dict[str, str]:
-    """The README's settings, and those that keep Claude Code offline."""
+    """The settings docs/providers.md gives, and those that keep Claude Code offline."""
     return private_env(
         home,
         ANTHROPIC_BASE_URL=rig.gateway.url,
@@ -379,7 +379,7 @@ def test_claude_code_answers_and_continues(rig, tmp_path, channel):
 
 
 def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
-    """The README's ~/.codex/config.toml, on this gateway's port, and what
+    """The ~/.codex/config.toml of docs/providers.md, on this gateway's port, and what
     keeps Codex offline: without the last two tables it calls ab.chatgpt.com
     (analytics), github.com, api.github.com and chatgpt.com (plugins)."""
     top = ""
@@ -387,7 +387,7 @@ def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
     if route.channel_protocol != "openai" and not default_tools:
         # Tools only OpenAI's Responses API knows (a hosted web search, a
         # `namespace` of sub-agent tools) are refused for an Anthropic
-        # channel: off, as the README says for Codex on a Claude channel.
+        # channel: off, as docs/providers.md says for Codex on a Claude channel.
         top = 'web_search = "disabled"\n'
         agents = "\n[agents]\nenabled = false\n"
     return (

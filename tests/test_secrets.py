@@ -274,7 +274,7 @@ def test_the_database_file_and_dump_hold_no_plaintext_secret_and_old_ones_are_en
     manage(database, "rotatekeys")
     assert SECRET.encode() not in file_bytes(database)  # never written in plaintext
     # The plaintext the migration replaced may linger in freed pages until
-    # the database is vacuumed (README says so); then it is gone too.
+    # the database is vacuumed (docs/operations.md says so); then it is gone too.
     manage(database, "shell", "-c", "from django.db import connection; connection.cursor().execute('VACUUM')")
     contents = file_bytes(database)
     assert SECRET.encode() not in contents
