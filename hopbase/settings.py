@@ -100,7 +100,7 @@ HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, min
 # How long a connection may take to send a request's head (its request line
 # and headers, at most 64 KiB) once it has begun, or once it connected:
 # past it, 408 and the connection closed (hopbase.request_heads).
-HOPBASE_HEAD_TIMEOUT = env_seconds("HOPBASE_HEAD_TIMEOUT", 10)
+HOPBASE_HEAD_TIMEOUT = env_seconds("HOPBASE_HEAD_TIMEOUT", 60)
 # How long a key, channel list or price list is trusted before the database is
 # asked again. A revoked key is refused at once where Redis carries the news
 # (hopbase.revocations), within this many seconds where it does not.
