@@ -1,5 +1,5 @@
 """The admin log (Django's ``LogEntry``, read in the admin through
-hopbase.audit) as the operator commands write it (issue 30, item 4): a
+hopbase.audit) as the operator commands write it: a
 change of money, keys, channels or staff made from a shell is in the same
 trail, in the same shape, as one made in the admin.
 

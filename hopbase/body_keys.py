@@ -1,5 +1,5 @@
 """The keys of a request body's top-level object as they are written, to
-refuse a body that repeats one (request -> *intake*; issue 10, "one reading
+refuse a body that repeats one (request -> *intake*; "one reading
 of the body").
 
 A stream's body goes to the provider as the client's bytes, while HopBase

@@ -1,5 +1,4 @@
-"""Key revocations told to every gateway process at once, through Redis (D3;
-issue 30, item 3).
+"""Key revocations told to every gateway process at once, through Redis (D3).
 
 Each gateway process keeps the keys it has seen for HOPBASE_CONFIG_TTL
 seconds (hopbase.auth), and while the database is unreachable serves them

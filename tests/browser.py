@@ -32,7 +32,7 @@ from django.conf import settings
 CHROMIUM = Path(os.environ.get("HOPBASE_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("HOPBASE_CHROMEDRIVER", "/usr/bin/chromedriver"))
 SCREENSHOTS = settings.BASE_DIR / "var" / "screenshots"
-# A laptop screen (issue 11, item 8): the lists must fit it.
+# A laptop screen: the lists must fit it.
 LAPTOP = (1440, 900)
 FLAGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",

@@ -90,7 +90,7 @@ class World:
     channels: dict[str, int] = field(default_factory=dict)
 
 
-# Models served through one protocol's channels only, under an alias (issue 12):
+# Models served through one protocol's channels only, under an alias:
 # public model -> [(channel protocol, suffix, directives, priority, upstream name)].
 # Every other client API reaches them translated.
 TRANSLATED: dict[str, list[tuple[str, str, str, int, str]]] = {

@@ -371,7 +371,7 @@ def test_saving_a_tenant_in_the_admin_never_writes_its_balance_back():
     assert tenant.balance_usd == sum_of_entries(tenant)
 
 
-# -- key expiry (issue 10) ------------------------------------------------------------
+# -- key expiry ------------------------------------------------------------
 
 
 def test_a_key_is_issued_with_an_expiry_and_the_list_shows_it(admin_client):

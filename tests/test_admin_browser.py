@@ -1,4 +1,4 @@
-"""The admin in a real browser (issue 11, items 5 and 8): headless Debian
+"""The admin in a real browser: headless Debian
 chromium drives the pages an operator uses in their first hour, logged in
 through the login form as a staff user with the operator role. Each test
 leaves a screenshot in var/screenshots/. Skipped, saying why, only where

@@ -1,4 +1,4 @@
-"""The admin's request-log and channel lists (issue 11, item 8): the columns
+"""The admin's request-log and channel lists: the columns
 chosen to fit a laptop screen (laid out in a browser by
 tests/test_admin_browser.py), and a failed request's channel."""
 

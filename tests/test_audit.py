@@ -1,5 +1,4 @@
-"""The admin log written by the operator commands (issue 30, item 4;
-core.audit): each command that changes money, keys, channels or staff
+"""The admin log written by the operator commands (core.audit): each command that changes money, keys, channels or staff
 leaves one row, the admin's kind of row, in the change's own transaction,
 by the operating-system user (a Django user ``os:<login>``, inactive, that
 can never sign in), naming what changed and never a secret; a refused

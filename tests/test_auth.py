@@ -199,7 +199,7 @@ def test_the_caller_hears_503_in_its_own_format_with_retry_after(quick, monkeypa
     assert check(response.json())
 
 
-# -- the caches let the least recently used go (issue 10) ------------------------
+# -- the caches let the least recently used go ------------------------
 
 
 def test_the_key_cache_lets_the_least_recently_used_key_go_first(quick, monkeypatch):
@@ -291,7 +291,7 @@ def test_a_rotated_keys_old_secret_is_loaded_with_its_own_prefix_and_the_grace_a
     assert previous.expires_at == pytest.approx(key.previous_until.timestamp()) and current.expires_at is None
 
 
-# -- revocations announced through Redis (issue 30, item 3; hopbase.revocations) -----------
+# -- revocations announced through Redis (hopbase.revocations) -----------
 
 
 class Markers:

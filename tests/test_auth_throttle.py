@@ -1,5 +1,5 @@
 """Repeated failed authentications from one client address are slowed
-(issue 10, item 6; table E): after HOPBASE_AUTH_FAILURES failures in a
+(table E): after HOPBASE_AUTH_FAILURES failures in a
 window, 429 in the caller's format with retry-after, another address
 unaffected, keys already known to be live still served. Counts in this
 process, and in Redis when there is one (failing open)."""

@@ -109,7 +109,7 @@ def test_it_shows_a_sane_window(raw, days):
     assert parse_days(raw) == days
 
 
-# -- the window fitted to the data (issue 11, item 8) ---------------------------------
+# -- the window fitted to the data ---------------------------------
 
 
 def per_day_rows(html: str) -> list[list[str]]:

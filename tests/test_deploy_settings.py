@@ -1,4 +1,4 @@
-"""Deployment settings (issue 10 item 3): SECRET_KEY required, narrow
+"""Deployment settings: SECRET_KEY required, narrow
 ALLOWED_HOSTS by default, TLS settings behind a proxy, and ``manage.py check
 --deploy`` clean for the production settings docs/configuration.md documents. Each case
 starts Django afresh in a process of its own, on hopbase.settings itself."""

@@ -294,7 +294,7 @@ def test_a_request_marks_its_key_as_used(gateway, world):
     assert used is not None and used != before
 
 
-# -- one reading of the body (issue 10, item 5) ----------------------------------------
+# -- one reading of the body ----------------------------------------
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

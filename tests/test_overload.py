@@ -1,6 +1,6 @@
 """A process that holds as many requests as it can refuses the excess at
 once, with the capacity error of table E in the caller's format, instead of
-letting requests wait minutes and fail (issue 9, overload)."""
+letting requests wait minutes and fail (overload)."""
 
 from __future__ import annotations
 

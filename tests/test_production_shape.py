@@ -1,4 +1,4 @@
-"""The production shape without Docker (issue 11, item 4): Debian's nginx on
+"""The production shape without Docker: Debian's nginx on
 the same deploy/nginx.conf that docker-compose.yml mounts (its marked lines
 rewritten: tests/nginx_harness.py), in front of ``manage.py serve --workers 2``
 (two gateway processes on one socket), with the test database, Redis, a

@@ -1,4 +1,4 @@
-"""Provider state belongs to the tenant that created it (issue 10, item 4):
+"""Provider state belongs to the tenant that created it:
 its owner is noted at once, written to the database in batches, and
 enforced from memory; a request naming another tenant's Responses id or
 Gemini cache is refused (404 in the caller's format) before any channel is

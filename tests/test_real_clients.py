@@ -1,4 +1,4 @@
-"""Real clients through the gateway, offline against the upstream simulator (issue 12).
+"""Real clients through the gateway, offline against the upstream simulator.
 
 Claude Code (``claude -p``) and Codex CLI (``codex exec``), the npm packages
 pinned in tests/clients (``npm ci --prefix tests/clients``; .ci/run does it,
@@ -74,7 +74,7 @@ THOUGHT = expected_text(THINKING, THINKING_WORDS)
 UPSTREAM = {
     ("anthropic", "messages"): ("/v1/messages", "anthropic"),
     ("anthropic", "responses"): ("/v1/messages", "anthropic"),
-    # Chat Completions when translating, except for a Responses caller (issue 12).
+    # Chat Completions when translating, except for a Responses caller.
     ("openai", "messages"): ("/v1/chat/completions", "chat"),
     ("openai", "responses"): ("/v1/responses", "responses"),
 }
@@ -448,7 +448,7 @@ def test_codex_exec_answers_and_resumes(rig, tmp_path, channel):
 
 def test_codex_exec_with_its_default_tools_through_an_anthropic_channel(rig, tmp_path):
     """Codex's default tools include a namespace of sub-agent functions and
-    web search: the first are offered flat, the second dropped (issue 12)."""
+    web search: the first are offered flat, the second dropped."""
     route = rig.route("codex", "anthropic")
     _, key = new_key(rig)
     tag = "cx" + uuid.uuid4().hex[:10]
@@ -464,7 +464,7 @@ CONFIG_SETTLE = 1.5  # seconds for the gateway to read channels again (HOPBASE_C
 
 @pytest.mark.parametrize("first", ["anthropic", "gemini"])
 def test_codex_resumes_on_an_openai_channel_after_another_protocol(rig, tmp_path, first):
-    """Issue 30 (1): one model served by a channel of another protocol
+    """One model served by a channel of another protocol
     (tried first) and by an OpenAI one. Codex's first turn is translated:
     its thinking becomes a reasoning item, sealed with Claude's signature,
     or, from Gemini (no thoughtSignature), with no state at all. That

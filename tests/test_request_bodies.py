@@ -1,5 +1,5 @@
 """Request bodies over HOPBASE_MAX_BODY_BYTES are refused while they are
-read (issue 30, item 5; hopbase.twisted_web under Daphne,
+read (hopbase.twisted_web under Daphne,
 hopbase.uvicorn_web under uvicorn; every test under both): a declared length over the
 limit at once, a chunked body as soon as what was read passes the limit;
 the API answers the 413 as before (its key read, the refusal logged), and

@@ -1,5 +1,5 @@
-"""Request heads are bounded under either server, with nothing in front
-(issue 40, item 9): a head over 64 KiB is answered 431 and closed; one not
+"""Request heads are bounded under either server, with nothing in front:
+a head over 64 KiB is answered 431 and closed; one not
 complete in HOPBASE_HEAD_TIMEOUT is answered 408 and closed, whether it
 sent part of a head or nothing; an ordinary large head still passes."""
 

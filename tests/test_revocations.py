@@ -1,5 +1,5 @@
-"""Key revocations told to every gateway process through Redis (issue 30,
-item 3; hopbase.revocations): announced when the change commits, never
+"""Key revocations told to every gateway process through Redis
+(hopbase.revocations): announced when the change commits, never
 before and never for a change rolled back; the key's hash and a time go
 out, never its secret; the earliest moment wins; each process's listener
 marks the key refused in its cache the moment the message arrives, and

@@ -1,6 +1,5 @@
-"""A key revoked during a database outage, through a real gateway (issue 30,
-item 3; D3): the gateway cannot read the database (a loopback proxy the test
-controls refuses it), the test process revokes the key in the real database,
+"""A key revoked during a database outage, through a real gateway (D3): the
+gateway cannot read the database (a loopback proxy the test controls refuses it), the test process revokes the key in the real database,
 and the gateway refuses the key at once, in the caller's format, while the
 database is still out of its reach: by the announcement it hears on Redis,
 or, when it was cut off from Redis as the announcement went out, by the

@@ -1,4 +1,4 @@
-"""Staff roles (hopbase.roles, issue 10 items 2 and 7), through the admin as
+"""Staff roles (hopbase.roles), through the admin as
 a browser uses it (a real login, CSRF checks on): finance reads and exports
 but changes nothing; the operator runs tenants, keys, channels, prices and
 top-ups; a top-up form sent twice credits once; every change names its

@@ -1,4 +1,4 @@
-"""Channel secrets at rest (core.encryption, issue 10 item 1): Fernet tokens
+"""Channel secrets at rest (core.encryption): Fernet tokens
 in the database, in dumps and backups; plaintext only on the model instance
 and in the relay's ChannelInfo; rotation; the admin's base-URL rule."""
 
@@ -291,7 +291,7 @@ def test_the_database_file_and_dump_hold_no_plaintext_secret_and_old_ones_are_en
             SECRET, "sk-from-before-encryption-1234"}
 
 
-# A secret no key decrypts (issue 40, item 12): skipped, shown, deletable
+# A secret no key decrypts: skipped, shown, deletable
 
 
 def lose_the_key(channel: Channel) -> str:

@@ -1,4 +1,4 @@
-"""``manage.py serve``'s workers as a production server (issue 31): the
+"""``manage.py serve``'s workers as a production server: the
 listen backlog, keep-alive connections kept and then closed when idle, no
 access line (Gemini's ``?key=``), under both servers; a worker that has
 drained goes on answering until its peers have too, so none resets the

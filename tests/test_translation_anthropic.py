@@ -1,4 +1,4 @@
-"""Anthropic Messages in translation (issue 12): requests decoded from and
+"""Anthropic Messages in translation: requests decoded from and
 encoded for Anthropic, an Anthropic channel's events read as pieces, and
 pieces written as the Messages stream and body the anthropic SDK parses.
 

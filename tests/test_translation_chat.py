@@ -1,4 +1,4 @@
-"""Translation for OpenAI Chat Completions (issue 12): a Chat caller's request
+"""Translation for OpenAI Chat Completions: a Chat caller's request
 decoded into the neutral form, the neutral form encoded for an ``openai``
 channel, that channel's chunks read as pieces, and pieces written back as
 the chunks and bodies the official ``openai`` SDK parses.

@@ -1,4 +1,4 @@
-"""Any client API to any channel (issue 12, T1–T4), through the official SDKs
+"""Any client API to any channel (T1–T4), through the official SDKs
 against a running gateway and the simulator as every provider.
 
 Each public model ``via-P`` is served only by a channel of protocol P, under
@@ -340,7 +340,7 @@ def user_says(text: str) -> dict:
 @pytest.mark.parametrize("wire", ["anthropic", "gemini"])
 def test_a_codex_turn_after_another_protocols_thinking_reaches_openai_without_it(gateway, world, sim_records,
                                                                                  committed_db, wire):
-    """Issue 30 (1): Codex's first turn on a Claude channel (thinking sealed
+    """Codex's first turn on a Claude channel (thinking sealed
     with its signature) or a Gemini one (thinking with no state: no
     encrypted_content at all), its second passed through to an OpenAI
     channel. OpenAI refuses a reasoning item it cannot use and never stored

@@ -1,4 +1,4 @@
-"""Gemini in translation (issue 12): requests decoded from and encoded for
+"""Gemini in translation: requests decoded from and encoded for
 Gemini, a Gemini channel's chunks read as pieces, and pieces written as the
 streamGenerateContent stream and generateContent body the google-genai SDK
 parses.

@@ -1,5 +1,5 @@
 """Any well-formed stream of one protocol, translated, is one the caller's
-official SDK parses, with the same text and tool calls (issue 12).
+official SDK parses, with the same text and tool calls.
 
 A channel's stream is made from random pieces by that protocol's own writer
 (the grammar its provider sends: Chat chunks, Anthropic events, Gemini

@@ -1,4 +1,4 @@
-"""OpenAI Responses as a client API of translated channels (issue 12).
+"""OpenAI Responses as a client API of translated channels.
 
 The request side: what a Responses caller's body decodes to in the neutral
 form, and what only an OpenAI channel can serve. The answer side: pieces
@@ -502,7 +502,7 @@ def passed_to_openai(**body: Any) -> RequestFacts:
 
 @pytest.mark.parametrize("signature", [None, ThinkingSignature("sig-abc", ANTHROPIC)], ids=["no state", "sealed"])
 def test_codex_turn_after_thinking_of_another_protocol_reaches_an_openai_channel_without_it(signature):
-    # Issue 30 (1). Thinking with no provider state (Gemini's without a
+    # Thinking with no provider state (Gemini's without a
     # thoughtSignature, a Chat channel's reasoning_content, a Claude stream
     # cut before its signature) is a reasoning item with no encrypted_content;
     # passed through as it is, OpenAI would look up its id, never issued

@@ -1,1 +1,1 @@
-"""Translation between client APIs and channel protocols (issue 12)."""
+"""Translation between client APIs and channel protocols."""

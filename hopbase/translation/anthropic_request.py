@@ -1,4 +1,4 @@
-"""Anthropic Messages requests to and from the neutral form (issue 12, T3).
+"""Anthropic Messages requests to and from the neutral form (T3).
 
 ``decode`` reads a Messages request a client sent into a ``Conversation``;
 ``encode`` writes a ``Conversation`` as the request for a channel that speaks

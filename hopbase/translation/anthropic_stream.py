@@ -1,4 +1,4 @@
-"""Anthropic Messages streams to and from pieces (issue 12, T1–T2).
+"""Anthropic Messages streams to and from pieces (T1–T2).
 
 ``AnthropicReader`` says what content an Anthropic channel's events carry;
 ``AnthropicWriter`` writes pieces from a channel of another protocol as the

@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions requests <-> the neutral ``Conversation`` (issue 12).
+"""OpenAI Chat Completions requests <-> the neutral ``Conversation``.
 
 ``decode`` reads a Chat caller's body (after ``ChatCompletions.parse``) into
 a ``Conversation`` for a channel of another protocol; ``encode`` writes a

@@ -1,11 +1,11 @@
-"""OpenAI Chat Completions streams <-> pieces (issue 12).
+"""OpenAI Chat Completions streams <-> pieces.
 
 ``ChatReader`` reads an ``openai`` channel's ``chat.completion.chunk`` events
 (called with Chat Completions when translating) as pieces; ``ChatWriter``
 writes pieces as the chunks a Chat caller's SDK parses, exactly like
 OpenAI's own, or as the whole ``chat.completion`` body.
 
-Both run once per event on the hot path (issue 13): the reader looks only
+Both run once per event on the hot path: the reader looks only
 at the keys a delta carries; the writer builds each chunk from bytes made
 once per answer around the one JSON string that changes.
 """

@@ -1,4 +1,4 @@
-"""Gemini ``contents`` (turns of parts) to and from neutral messages (issue 12).
+"""Gemini ``contents`` (turns of parts) to and from neutral messages.
 
 The message half of ``gemini_request``: a Gemini client's turns decoded into
 ``Message``s, and ``Message``s encoded as the turns a Gemini channel takes.

@@ -1,4 +1,4 @@
-"""Gemini generateContent requests to and from the neutral form (issue 12, T3).
+"""Gemini generateContent requests to and from the neutral form (T3).
 
 ``decode`` reads a request a Gemini client sent (camelCase or snake_case
 keys: the google-genai SDK mixes them) into a ``Conversation``; ``encode``

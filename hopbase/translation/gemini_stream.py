@@ -1,4 +1,4 @@
-"""Gemini streams to and from pieces (issue 12, T1–T2).
+"""Gemini streams to and from pieces (T1–T2).
 
 ``GeminiReader`` reads a Gemini channel's ``streamGenerateContent`` chunks
 into pieces. ``GeminiWriter`` writes pieces as the chunks a Gemini client's

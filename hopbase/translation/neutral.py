@@ -1,4 +1,4 @@
-"""The neutral form every translation goes through (issue 12, rules T1–T4).
+"""The neutral form every translation goes through (rules T1–T4).
 
 A request in any client API is *decoded* into a ``Conversation``; a
 ``Conversation`` is *encoded* into the request body of a channel's protocol.

@@ -1,4 +1,4 @@
-"""OpenAI Responses requests decoded into the neutral form (issue 12, T1–T3).
+"""OpenAI Responses requests decoded into the neutral form (T1–T3).
 
 Responses is only a client API here: a Responses caller reaching an
 ``openai`` channel is passed through unchanged, so there is no encoder. The

@@ -1,4 +1,4 @@
-"""A translated answer written for an OpenAI Responses caller (issue 12, T1–T2).
+"""A translated answer written for an OpenAI Responses caller (T1–T2).
 
 Pieces from a channel of another protocol become the Responses event grammar
 exactly as OpenAI streams it, which the openai SDK's ``responses.stream()``
@@ -68,7 +68,7 @@ def _text_part(text: str) -> dict[str, Any]:
 
 def _delta_prefix(kind: str, fields: dict[str, Any]) -> bytes:
     """An item's delta event up to its ``delta`` value: each delta then costs
-    one string dump (the hot path, issue 13)."""
+    one string dump (the hot path)."""
     return b"event: " + kind.encode() + b"\ndata: " + dumps({"type": kind, **fields})[:-1] + b',"delta":'
 
 
