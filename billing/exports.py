@@ -6,7 +6,7 @@ encoders are generators of text lines, so an export of any size holds one
 chunk of rows in memory. The same generators serve the ``exportbilling``
 command and, through ``streamed()``, the admin's streamed HTTP download.
 
-Column meanings (operator contract, DESIGN.md):
+Column meanings (the operator contract, docs/billing.md):
 - ``created_at``: ISO 8601 in UTC with microseconds, ``2025-01-31T12:00:00.000000Z``.
 - ``api_key``: the key's display prefix, never the secret; ``channel``: the
   channel's name. Either is empty when the log has none.

@@ -1,5 +1,5 @@
 """Checking the arguments of HopBase's operator commands (the operator
-contract in DESIGN.md), before anything is written.
+contract in docs/operations.md), before anything is written.
 
 Every bad value becomes one ``CommandError`` naming the argument, so a command
 run from a script fails with exit status 1 and a single line on stderr. The

@@ -1,4 +1,4 @@
-"""The budget commands of the operator contract (DESIGN.md): setbudget,
+"""The budget commands of the operator contract (docs/operations.md): setbudget,
 budgets, and createapikey's --tpm and --budget-usd/--budget-period (G1, G4,
 G5, G6). Each success path; every bad input fails with one line naming its
 flag and writes nothing; a webhook's secret is printed once, on the last

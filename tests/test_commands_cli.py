@@ -1,4 +1,4 @@
-"""The operator commands from the command line (DESIGN.md, operator contract): a refused
+"""The operator commands from the command line (the operator contract, docs/operations.md): a refused
 command or a usage mistake exits non-zero with a single line on stderr."""
 
 from __future__ import annotations

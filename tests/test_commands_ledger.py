@@ -1,4 +1,4 @@
-"""The operator commands topup, balance, checkledger and exportbilling (DESIGN.md, operator contract):
+"""The operator commands topup, balance, checkledger and exportbilling (the operator contract, docs/operations.md):
 each success path, and every bad input failing with one line and nothing written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The operator commands createtenant and createapikey (DESIGN.md, operator contract):
+"""The operator commands createtenant and createapikey (the operator contract, docs/operations.md):
 each success path, and every bad input failing with one line and nothing written."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ TRUSTED_PROXIES = "127.0.0.1/32"  # nginx reaches the gateway from 127.0.0.1
 WORKER_NODE = f"nginx-shape@{socket.gethostname()}"
 HEALTHCHECK = [sys.executable, str(ROOT / "bin" / "healthcheck")]
 METRICS_TOKEN = "metrics-token-for-the-test"
-# The metrics ../shared/DESIGN.md names, and those the issue adds.
+# The metrics docs/operations.md (Observability) names.
 METRICS = (
     "hopbase_requests_total", "hopbase_upstream_attempts_total", "hopbase_time_to_first_token_seconds",
     "hopbase_request_duration_seconds", "hopbase_open_streams", "hopbase_channel_state",
@@ -476,7 +476,7 @@ def test_the_containers_health_checks_pass(topology):
 def test_prometheus_and_grafana_read_what_the_gateway_serves(topology, world, tmp_path):
     """deploy/prometheus.yml scrapes with the bearer token; every metric the
     Grafana dashboard charts is one the gateway serves, and every metric
-    DESIGN.md names is charted."""
+    docs/operations.md names is charted."""
     token_file = tmp_path / "hopbase_metrics_token"
     token_file.write_text(METRICS_TOKEN)
     config = (ROOT / "deploy" / "prometheus.yml").read_text()

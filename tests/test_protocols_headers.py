@@ -80,7 +80,7 @@ def test_it_does_not_ask_the_channel_for_compression(gateway, world, sim_records
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "create"])
 def test_it_passes_on_the_provider_request_id(oai, claude, stream):
-    """protocols.md 0.3: the provider's x-request-id (openai) and request-id
+    """The provider's x-request-id (openai) and request-id
     (anthropic) reach the client, where the SDKs expose them as ``request_id``."""
     tag = new_tag()
     ids = re.compile(r"req_[0-9a-f]{24}")

@@ -5,7 +5,7 @@ bytes go out: pacing, splitting, stalls, cut connections. This package
 decides *which* bytes: one renderer per protocol turns a ``Script`` (the
 tokens, tool call and usage of one answer) into the streaming events, the
 non-streaming body and the error bodies that OpenAI Chat, OpenAI Responses,
-Anthropic Messages and Gemini send, as recorded in the shared protocols.md.
+Anthropic Messages and Gemini send, as the official SDKs parse them.
 
 - ``common``: the script, events, vocabularies and the renderer base class;
 - ``openai``: Chat Completions and Responses;
