@@ -15,6 +15,7 @@ source, so a wrong-way import fails here even where nothing runs it.
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,10 @@ ALLOWED = {
     "hopbase": ("core", "hopbase", "channels_pool", "billing"),
     "console": ("core", *SHARED_MODELS, "billing", "console", "hopbase.staff_login", "hopbase.client_address"),
 }
-MAX_LINES = 400
+# Files split along meaning, not length: past WARN_LINES a module is worth a
+# look (a warning), past MAX_LINES it is refused.
+WARN_LINES = 400
+MAX_LINES = 600
 
 
 def modules(package: str) -> list[Path]:
@@ -74,6 +78,10 @@ def test_a_wrong_way_import_is_caught(tmp_path):
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_is_over_400_lines(package):
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in modules(package) if (n := len(p.read_text().splitlines())) > MAX_LINES]
+def test_no_module_is_over_600_lines_and_those_over_400_are_named(package):
+    sizes = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in modules(package)}
+    long = [f"{path}: {n}" for path, n in sizes.items() if n > MAX_LINES]
     assert not long, long
+    for path, n in sizes.items():
+        if n > WARN_LINES:
+            warnings.warn(f"{path} has {n} lines: does it still hold one subject?", stacklevel=1)
