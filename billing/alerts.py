@@ -54,10 +54,11 @@ from django.utils import timezone
 from billing.budget_windows import Window
 from billing.exports import utc_iso
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
+from core import loggers
 from core.money import usd_text
 from core.snapshots import refresh_connection
 
-log = logging.getLogger("hopbase.alerts")
+log = logging.getLogger(loggers.ALERTS)
 
 SIGNATURE_HEADER = "x-hopbase-signature"
 # One delay is at most this long, whatever the base and the count: under the

@@ -31,9 +31,10 @@ from billing.budget_spend import spend_filter
 from billing.budget_windows import Window, window_at
 from billing.exports import utc_iso
 from billing.models import Budget, RequestLog
+from core import loggers
 from core.money import round_charge, usd_text
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(loggers.BUDGET_STATUS)
 
 # Budgets summed per query: one aggregate expression each, so a long list
 # (``budgets`` over every tenant) is cut into queries of a bounded size.

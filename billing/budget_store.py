@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 
 from billing.budget_windows import Window
+from core import loggers
 from core.dependencies import REDIS_TIMEOUT, LoopRedis, sync_redis
 
 UNIT = Decimal("1E-10")
@@ -212,7 +213,7 @@ def lease_ms() -> int:
 # How long a settled request is remembered, so that one sent again (its
 # answer lost) is not counted twice: longer than the settler's retries.
 SETTLED_MEMORY_MS = 3_600_000
-log = logging.getLogger("hopbase.budgets")
+log = logging.getLogger(loggers.BUDGETS)
 # A budget fails closed (no answer, no admission): its calls get longer than
 # the limits' fail-open 0.1 s before a busy Redis is taken for a dead one.
 STORE_TIMEOUT = 1.0

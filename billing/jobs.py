@@ -24,11 +24,12 @@ from django.conf import settings
 from billing.recorder import recorder
 from billing.settlement import SWEEP_DELAY, sweep
 from billing.spool import replay_dead
+from core import loggers
 from core.periodic import Periodic
 
 SPOOL_REPLAY_INTERVAL = 10.0
 
-log = logging.getLogger("hopbase.settlement")
+log = logging.getLogger(loggers.SETTLEMENT)
 
 
 def in_process_sweep_interval() -> float | None:

@@ -42,10 +42,11 @@ from billing.metering import billable_tokens
 from billing.models import RequestLog
 from billing.spool import Spool, set_aside
 from billing.tasks import publisher
+from core import loggers
 from core.snapshots import refresh_connection
 from core.vocabulary import ApiName, RequestStatus
 
-log = logging.getLogger("hopbase.requests")
+log = logging.getLogger(loggers.REQUESTS)
 
 
 def log_fields(item: Finished) -> dict[str, object]:

@@ -60,8 +60,9 @@ from django.utils import timezone
 from billing.ledger import post_charges
 from billing.models import LedgerEntry, RequestLog
 from billing.pricing import PriceHistory, Unpriced, charge_for
+from core import loggers
 
-log = logging.getLogger("hopbase.settlement")
+log = logging.getLogger(loggers.SETTLEMENT)
 
 # The sweep leaves logs younger than this to the task published for them,
 # so the two do not race for every fresh row (either would be safe).

@@ -36,9 +36,10 @@ from pathlib import Path
 import orjson
 
 from billing.finished import Finished
+from core import loggers
 from core.vocabulary import RequestStatus
 
-log = logging.getLogger("hopbase.spool")
+log = logging.getLogger(loggers.SPOOL)
 
 FINAL = b"F"
 PROGRESS = b"P"

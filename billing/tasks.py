@@ -37,8 +37,9 @@ from billing import alerts
 from billing.budget_windows import Window
 from billing.models import AlertType
 from billing.settlement import SWEEP_DELAY, settle, settle_many, sweep
+from core import loggers
 
-log = logging.getLogger("hopbase.settlement")
+log = logging.getLogger(loggers.SETTLEMENT)
 
 # A database that is briefly away (restart, failover) is worth a few retries;
 # after that the sweep takes over.

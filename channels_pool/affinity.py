@@ -28,10 +28,11 @@ from redis.exceptions import RedisError
 
 from channels_pool.provider_state import StateOwners
 from channels_pool.provider_state import owners as state_owners
+from core import loggers
 from core.dependencies import LoopRedis, sync_redis
 from core.dependencies import redis as redis_dependency
 
-log = logging.getLogger("hopbase.affinity")
+log = logging.getLogger(loggers.AFFINITY)
 
 MAX_LOCAL = 100_000
 MAX_QUEUED_WRITES = 10_000

@@ -38,11 +38,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from channels_pool.models import STATE_ID_MAX_LENGTH, Channel, ProviderState
+from core import loggers
 from core.errors import DatabaseUnavailable
 from core.snapshots import database_call
 from hopbase.models import Tenant
 
-log = logging.getLogger("hopbase.provider_state")
+log = logging.getLogger(loggers.PROVIDER_STATE)
 
 MAX_KNOWN = 200_000
 MAX_UNKNOWN = 20_000

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 
 from channels_pool.kinds import KINDS, ChannelKind
 from channels_pool.models import Channel
+from core import loggers
 from core.encryption import Unreadable
 from core.snapshots import Snapshot
 
-log = logging.getLogger("hopbase.channels")
+log = logging.getLogger(loggers.CHANNELS)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,11 @@ from channels_pool.http_client import read_up_to, retry_after_seconds, timed_out
 from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from channels_pool.masking import masked, provider_words
 from channels_pool.parts import read_in_parts
+from core import loggers
 from core.errors import UpstreamFailure
 from core.sse import Event
 
-log = logging.getLogger("hopbase.upstream")
+log = logging.getLogger(loggers.UPSTREAM)
 
 MAX_ERROR_BODY = 64 * 1024
 # A whole (non-event-stream) answer, such as a created Gemini cache or a

@@ -10,8 +10,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from django.conf import settings
 from django.core.mail import send_mail
+from core import loggers
 
-log = logging.getLogger("console.mail")
+log = logging.getLogger(loggers.CONSOLE_MAIL)
 # Mail a page asks for goes out from here, after its answer: a page that
 # mails only when an account exists must take as long either way.
 _later = ThreadPoolExecutor(max_workers=1, thread_name_prefix="console-mail")

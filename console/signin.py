@@ -15,10 +15,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
 
 from console.models import TenantMembership
+from core import loggers
 from hopbase.client_address import client_address
 from hopbase.staff_login import WINDOW, clear_username, locked, record_failure
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(loggers.CONSOLE_SIGNIN)
 
 WRONG = "That email and password do not match an account of the console. Check both and try again."
 THROTTLED = f"Too many failed sign-ins for this email or from this address. Try again in {WINDOW // 60} minutes."

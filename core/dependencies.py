@@ -25,8 +25,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
+from core import loggers
 
-log = logging.getLogger("hopbase.dependencies")
+log = logging.getLogger(loggers.DEPENDENCIES)
 T = TypeVar("T")
 
 

@@ -26,9 +26,10 @@ from typing import Self
 
 from django.db import connections
 
+from core import loggers
 from core.snapshots import refresh_connection
 
-log = logging.getLogger("hopbase.periodic")
+log = logging.getLogger(loggers.PERIODIC)
 
 
 class BackgroundThread:

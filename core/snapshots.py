@@ -42,12 +42,13 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.db.backends.signals import connection_created
 
+from core import loggers
 from core.dependencies import database
 from core.errors import DatabaseUnavailable
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
-log = logging.getLogger("hopbase.billing")
+log = logging.getLogger(loggers.SNAPSHOTS)
 
 # The longest a request waits on the database for one call (seconds); the
 # same bound holds statements server-side on the pool's connections.

@@ -26,6 +26,7 @@ import time
 
 from django.http import HttpRequest, HttpResponse
 
+from core import loggers
 from core.errors import ErrorKind, GatewayError
 from hopbase import lifecycle, metrics, views
 from hopbase.capacity import max_open_requests
@@ -34,7 +35,7 @@ from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
 from hopbase.protocols.base import Api
 from hopbase.run import new_request_id
 
-log = logging.getLogger("hopbase.admission")
+log = logging.getLogger(loggers.ADMISSION)
 
 PROBES = ("/healthz", "/readyz", "/metrics")
 DRAINING = "This HopBase process is shutting down. Please retry."

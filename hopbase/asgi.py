@@ -44,11 +44,12 @@ from django.http.response import HttpResponseBase  # noqa: E402
 from django.urls import ResolverMatch, URLResolver, get_resolver  # noqa: E402
 from django.utils.log import log_response  # noqa: E402
 
+from core import loggers
 from hopbase import admission, collector, lifecycle, twisted_web  # noqa: E402
 from hopbase.background import ensure_started  # noqa: E402
 from hopbase.backpressure import unsent_counter  # noqa: E402
 
-log = logging.getLogger("hopbase.asgi")
+log = logging.getLogger(loggers.ASGI)
 
 API_PREFIXES = ("/v1/", "/v1beta/", "/v1alpha/", "/healthz", "/readyz", "/metrics")
 # Longer paths are matched afresh each time (see ApiHandler.resolve_request):

@@ -33,6 +33,7 @@ from channels_pool.health import board
 from channels_pool.kinds import AuthFailed, Operation, UpstreamRequest
 from channels_pool.kinds import Call as KindCall
 from channels_pool.selection import ChannelInfo, directory
+from core import loggers
 from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.usage import Usage, estimate_tokens
 from core.vocabulary import RequestStatus, WireProtocol
@@ -42,7 +43,7 @@ from hopbase.protocols.base import RequestFacts, dumps
 from hopbase.translation.legs import Legs
 from hopbase.translation.neutral import CannotServe
 
-log = logging.getLogger("hopbase.counting")
+log = logging.getLogger(loggers.COUNTING)
 ESTIMATED_HEADER = "x-hopbase-estimated"
 COUNT_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
 

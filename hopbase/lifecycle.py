@@ -48,11 +48,12 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from billing.recorder import recorder
+from core import loggers
 from hopbase import worker_group
 from hopbase.limits import limits
 from hopbase.spend import spend
 
-log = logging.getLogger("hopbase.lifecycle")
+log = logging.getLogger(loggers.LIFECYCLE)
 T = TypeVar("T")
 
 # After the deadline, how long a request may take to end itself (with its

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from core import loggers
 from core.dependencies import LoopRedis, StoreDown
 from core.errors import ErrorKind, GatewayError
 
-log = logging.getLogger("hopbase.limits")
+log = logging.getLogger(loggers.LIMITS)
 
 POLL_SECONDS = 0.05
 WINDOW_SECONDS = 60

@@ -34,6 +34,7 @@ from channels_pool.affinity import Affinity, ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
+from core import loggers
 from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
 from core.surcharges import beta_surcharges, without
 from core.vocabulary import RequestStatus
@@ -53,7 +54,7 @@ from hopbase.protocols.openai_chat import RESPONSES_ONLY_KIND
 from hopbase.translation.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
 from hopbase.translation.neutral import CannotServe
 
-log = logging.getLogger("hopbase.relay")
+log = logging.getLogger(loggers.RELAY)
 # The hold was cut short by a graceful drain's deadline (D1): no channel's fault.
 DRAINED = UpstreamFailure("drain", channel_fault=False)
 

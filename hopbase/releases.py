@@ -14,8 +14,9 @@ import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+from core import loggers
 
-log = logging.getLogger("hopbase.relay")
+log = logging.getLogger(loggers.RELAY)
 
 
 class Releases:

@@ -51,11 +51,12 @@ from django.db import transaction
 from redis.connection import parse_url
 from redis.exceptions import RedisError
 
+from core import loggers
 from core.dependencies import LoopRedis, describe, sync_redis
 from core.periodic import BackgroundThread
 from core.snapshots import stale_max_age
 
-log = logging.getLogger("hopbase.revocations")
+log = logging.getLogger(loggers.REVOCATIONS)
 
 CHANNEL_PREFIX = "hopbase:key-refusals:"
 MARKER_PREFIX = "hopbase:key-refused:"

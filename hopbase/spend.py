@@ -44,6 +44,7 @@ from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import AlertType, Budget, ModelPrice
 from billing.pricing import Unpriced, charge_for, with_surcharges
+from core import loggers
 from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import Snapshot, database_call
@@ -53,7 +54,7 @@ from hopbase.auth import Caller
 from hopbase.protocols.base import Api, RequestFacts, nontext_tokens
 from hopbase.token_limits import token_limits
 
-log = logging.getLogger("hopbase.spend")
+log = logging.getLogger(loggers.SPEND)
 
 # A request refused because its budgets cannot be checked tries again after this.
 STORE_DOWN_RETRY_AFTER = 5

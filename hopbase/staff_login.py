@@ -21,9 +21,10 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 
+from core import loggers
 from hopbase.client_address import client_address
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(loggers.STAFF_LOGIN)
 
 MAX_FAILURES_PER_USERNAME = 5
 MAX_FAILURES_PER_ADDRESS = 20

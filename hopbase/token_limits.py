@@ -46,11 +46,12 @@ from typing import NamedTuple
 
 from django.conf import settings
 
+from core import loggers
 from core.dependencies import LoopRedis
 from core.errors import RETRY_AFTER_CAP, ErrorKind, GatewayError
 from hopbase.limits import STORE_ERRORS
 
-log = logging.getLogger("hopbase.token_limits")
+log = logging.getLogger(loggers.TOKEN_LIMITS)
 
 WINDOW_SECONDS = 60
 PREFIX = "hopbase:tpm:"

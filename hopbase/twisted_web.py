@@ -13,9 +13,10 @@ from urllib.parse import unquote
 
 from django.conf import settings
 
+from core import loggers
 from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 
-log = logging.getLogger("hopbase.twisted_web")
+log = logging.getLogger(loggers.TWISTED_WEB)
 
 # After a body is refused: how long what the client still sends is read and
 # dropped, so that it reads the 413 before the connection is closed.

@@ -42,11 +42,12 @@ from django.conf import settings
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from core import loggers
 from hopbase import lifecycle
 from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 from hopbase.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
 
-log = logging.getLogger("hopbase.uvicorn_web")
+log = logging.getLogger(loggers.UVICORN_WEB)
 
 httptools_impl.STATUS_LINE[529] = b"HTTP/1.1 529 Overloaded\r\n"
 

@@ -35,6 +35,8 @@ ALLOWED = {
 # look (a warning), past MAX_LINES it is refused.
 WARN_LINES = 400
 MAX_LINES = 600
+# Other libraries' loggers HopBase sets the level of (uvicorn's own lines).
+THIRD_PARTY_LOGGERS = {"uvicorn"}
 
 
 def modules(package: str) -> list[Path]:
@@ -85,3 +87,23 @@ def test_no_module_is_over_600_lines_and_those_over_400_are_named(package):
     for path, n in sizes.items():
         if n > WARN_LINES:
             warnings.warn(f"{path} has {n} lines: does it still hold one subject?", stacklevel=1)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_logger_is_named_from_the_one_list(package):
+    """Logger names are an operator contract (log search): each module takes
+    its logger's name from core.loggers, so moving a module renames nothing."""
+    from core import loggers
+
+    declared = {value for name, value in vars(loggers).items() if name.isupper()}
+    named_elsewhere = []
+    for path in modules(package):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "getLogger" and node.args:
+                argument = node.args[0]
+                from_list = isinstance(argument, ast.Attribute) and getattr(argument.value, "id", "") == "loggers"
+                if from_list:
+                    assert getattr(loggers, argument.attr) in declared
+                elif not (isinstance(argument, ast.Constant) and argument.value in THIRD_PARTY_LOGGERS):
+                    named_elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not named_elsewhere, named_elsewhere

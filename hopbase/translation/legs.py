@@ -18,6 +18,7 @@ import orjson
 
 from channels_pool.kinds import Operation
 from channels_pool.selection import ChannelInfo
+from core import loggers
 from core.errors import GatewayError
 from core.vocabulary import ApiName, WireProtocol
 from hopbase.protocols import CHAT, CONVERSE, GEMINI, MESSAGES, RESPONSES
@@ -76,7 +77,7 @@ CHANNEL_SIDES: dict[str, ChannelSide] = {
     WireProtocol.CONVERSE: ChannelSide(CONVERSE, converse_request.encode, ConverseReader),
 }
 ALL_WIRES = frozenset(CHANNEL_SIDES)
-log = logging.getLogger("hopbase.translation")
+log = logging.getLogger(loggers.TRANSLATION)
 
 
 class Legs:

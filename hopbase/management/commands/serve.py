@@ -34,6 +34,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client.multiprocess import mark_process_dead
 
+from core import loggers
 from hopbase.serve_worker import BACKLOG
 
 
@@ -58,7 +59,7 @@ def fresh_metrics_dir() -> Path:
         else:
             file.unlink(missing_ok=True)
     if live:
-        logging.getLogger("hopbase.serve").warning(
+        logging.getLogger(loggers.SERVE).warning(
             "PROMETHEUS_MULTIPROC_DIR %s holds the metrics of running processes %s: kept, and added to this "
             "serve's totals", folder, ", ".join(sorted(live)))
     return folder
