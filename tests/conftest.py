@@ -20,19 +20,19 @@ from django.conf import settings
 
 # Shared check modules: let pytest explain their failed asserts too.
 pytest.register_assert_rewrite(
-    "tests.protocol_checks", "tests.command_checks", "tests.settlement_checks", "tests.relay_checks", "tests.relay_fakes"
+    "tests.support.protocol_checks", "tests.support.command_checks", "tests.support.settlement_checks", "tests.support.relay_checks", "tests.support.relay_fakes"
 )
 
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from hopbase import collector  # noqa: E402
-from tests.processes import Service, start_gateway, start_simulator  # noqa: E402
+from tests.support.processes import Service, start_gateway, start_simulator  # noqa: E402
 
 # Requests served in this process (hopbase.asgi's handler, called directly)
 # leave its garbage collector as Python sets it: settling is a gateway
 # process's, tested on its own (tests/test_collector.py).
 collector.settled = True
 
-pytest_plugins = ["tests.sdk_clients"]
+pytest_plugins = ["tests.support.sdk_clients"]
 
 # Short timers so every failure rule can be exercised in about a second.
 GATEWAY_TIMERS = {

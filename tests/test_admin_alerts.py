@@ -16,8 +16,8 @@ from billing.alerts import record_alert
 from billing.budget_windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from hopbase.roles import ROLES
-from tests.factories import make_key, make_tenant
-from tests.staff_checks import PASSWORD, browser, create_staff, log_in, post
+from tests.support.factories import make_key, make_tenant
+from tests.support.staff_checks import PASSWORD, browser, create_staff, log_in, post
 
 pytestmark = pytest.mark.django_db
 

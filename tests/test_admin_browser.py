@@ -2,7 +2,7 @@
 chromium drives the pages an operator uses in their first hour, logged in
 through the login form as a staff user with the operator role. Each test
 leaves a screenshot in var/screenshots/. Skipped, saying why, only where
-chromium or chromedriver is not installed (tests/browser.py)."""
+chromium or chromedriver is not installed (tests/support/browser.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from billing.models import RequestLog
 from channels_pool.models import Channel, ChannelHealth
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY
 from hopbase.models import ApiKey
-from tests.browser import (
+from tests.support.browser import (
     column_visible,
     committed_rows,
     console_errors,
@@ -32,8 +32,8 @@ from tests.browser import (
     screenshot,
     wait_for,
 )
-from tests.factories import make_channel, make_key, make_log, make_tenant
-from tests.staff_checks import PASSWORD, create_staff
+from tests.support.factories import make_channel, make_key, make_log, make_tenant
+from tests.support.staff_checks import PASSWORD, create_staff
 
 pytestmark = needs_chromium
 

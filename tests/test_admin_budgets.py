@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing import budget_store
 from billing.budget_windows import window_at
 from billing.models import Budget
-from tests.factories import make_key, make_log, make_tenant
-from tests.staff_checks import create_staff, log_in, post
+from tests.support.factories import make_key, make_log, make_tenant
+from tests.support.staff_checks import create_staff, log_in, post
 
 pytestmark = pytest.mark.django_db
 

@@ -35,8 +35,8 @@ from channels_pool.simulator import (
     SIM_BEDROCK_API_KEY,
     vertex_service_account,
 )
-from tests.factories import make_channel
-from tests.staff_checks import PASSWORD, create_staff, log_in, post
+from tests.support.factories import make_channel
+from tests.support.staff_checks import PASSWORD, create_staff, log_in, post
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from billing.admin import RequestLogAdmin
 from channels_pool.admin import ChannelAdmin
-from tests.factories import make_channel, make_key, make_log, make_tenant
+from tests.support.factories import make_channel, make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
 

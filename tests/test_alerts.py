@@ -43,7 +43,7 @@ from billing.budget_windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from billing.tasks import deliver_budget_alert
 from hopbase.models import ApiKey, Tenant
-from tests.factories import make_key, make_tenant, unique
+from tests.support.factories import make_key, make_tenant, unique
 from tests.test_settlement_worker import Worker, worker_redis_url
 
 SECRET = "whsec-test-9f1c2e7a"

@@ -25,8 +25,8 @@ from channels_pool.models import Channel
 from console.models import TenantMembership
 from core import audit
 from hopbase.models import ApiKey, Tenant
-from tests.command_checks import assert_refused, run
-from tests.factories import make_channel, make_tenant
+from tests.support.command_checks import assert_refused, run
+from tests.support.factories import make_channel, make_tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -116,7 +116,7 @@ def proxied_gateway(world):
     from django.conf import settings
 
     from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-    from tests.processes import start_gateway
+    from tests.support.processes import start_gateway
 
     env = {
         **GATEWAY_TIMERS,
@@ -142,7 +142,7 @@ REFUSED = {"chat": 401, "messages": 401, "gemini": 400}
 
 
 def ask(gateway, protocol: str, key: str, address: str) -> httpx.Response:
-    from tests.wire import call
+    from tests.support.wire import call
 
     request = call(protocol, key, "sim-model", "hi", stream=False)
     headers = {**request.headers, "x-forwarded-for": address}

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from billing.models import RequestLog
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import SERVERS, start_gateway
-from tests.wire import call, open_raw
+from tests.support.processes import SERVERS, start_gateway
+from tests.support.wire import call, open_raw
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -10,7 +10,7 @@ import pytest
 
 from billing.balances import load_exhausted_tenants
 from billing.ledger import top_up
-from tests.factories import make_tenant
+from tests.support.factories import make_tenant
 
 
 @pytest.mark.django_db

@@ -17,7 +17,7 @@ from billing.budget_status import spent_by_budget, standings
 from billing.budget_windows import window_at
 from billing.models import Budget
 from core.money import round_charge, usd_text
-from tests.factories import make_key, make_log, make_tenant
+from tests.support.factories import make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
 

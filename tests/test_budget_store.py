@@ -23,7 +23,7 @@ import redis
 
 from billing.budget_store import Line, LocalBudgetStore, RedisBudgetStore, from_units, reserved_usd, to_units
 from billing.budget_windows import window_at
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 NOW = datetime(2026, 12, 5, 21, 30, tzinfo=UTC)
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"

@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from billing.models import LedgerEntry
 from billing.settlement import settle_many
-from tests.wire import call, sent_bytes, wait_for_log, wait_for_records
+from tests.support.wire import call, sent_bytes, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -31,13 +31,13 @@ from channels_pool.models import ChannelHealth
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID
 from channels_pool.simulator.cloud_auth import DEFAULT_TOKEN_TTL
 from core.errors import CONTENT_FILTERED_MESSAGE
-from tests.cloud_clients import AZURE_VERSION, frames
+from tests.support.cloud_clients import AZURE_VERSION, frames
 from tests.conftest import AZURE_DEPLOYMENT, BEDROCK_CLAUDE, VERTEX_CLAUDE, VERTEX_GEMINI
-from tests.protocol_checks import RequestIds, anthropic_client, genai_client, new_tag, openai_client, prompt, words
-from tests.relay_checks import GENERIC_ERROR, INTERRUPTED, TERMINALS, client_events, post, stream, stream_errors
-from tests.settlement_checks import wait_for
-from tests.translation_clients import CLIENT_APIS, NATIVE, ask, count_tokens
-from tests.wire import records, sent_bytes, wait_for_log
+from tests.support.protocol_checks import RequestIds, anthropic_client, genai_client, new_tag, openai_client, prompt, words
+from tests.support.relay_checks import GENERIC_ERROR, INTERRUPTED, TERMINALS, client_events, post, stream, stream_errors
+from tests.support.settlement_checks import wait_for
+from tests.support.translation_clients import CLIENT_APIS, NATIVE, ask, count_tokens
+from tests.support.wire import records, sent_bytes, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

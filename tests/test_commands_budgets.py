@@ -22,8 +22,8 @@ from billing.models import Budget
 from core.encryption import looks_like_token
 from core.money import usd_text
 from hopbase.models import ApiKey
-from tests.command_checks import assert_refused, run
-from tests.factories import make_key, make_log, make_tenant
+from tests.support.command_checks import assert_refused, run
+from tests.support.factories import make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -23,8 +23,8 @@ from channels_pool.models import SECRET_MAX_LENGTH, Channel
 from channels_pool.probe import probe_call
 from channels_pool.simulator import vertex_service_account
 from core import encryption
-from tests.command_checks import assert_refused, run
-from tests.factories import make_channel, make_price
+from tests.support.command_checks import assert_refused, run
+from tests.support.factories import make_channel, make_price
 
 pytestmark = pytest.mark.django_db
 

@@ -18,8 +18,8 @@ from billing.exports import COLUMNS
 from billing.ledger import post_entry, sum_of_entries
 from billing.models import LedgerEntry
 from hopbase.models import Tenant
-from tests.command_checks import assert_refused, run
-from tests.factories import make_channel, make_key, make_log, make_tenant
+from tests.support.command_checks import assert_refused, run
+from tests.support.factories import make_channel, make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ import pytest
 from billing.ledger import sum_of_entries
 from billing.models import LedgerEntry
 from hopbase.models import ApiKey, Tenant
-from tests.command_checks import assert_refused, run
-from tests.factories import make_tenant
+from tests.support.command_checks import assert_refused, run
+from tests.support.factories import make_tenant
 
 pytestmark = pytest.mark.django_db
 

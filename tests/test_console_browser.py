@@ -1,4 +1,4 @@
-"""The console in a real headless chromium (tests/browser.py).
+"""The console in a real headless chromium (tests/support/browser.py).
 
 On Django's live-server thread: an owner signs in, sees the overview and
 the logs, makes a key and sees its secret once, at 1440 px and at 390 px,
@@ -33,10 +33,10 @@ from billing.ledger import top_up
 from console.models import TenantMembership
 from core.money import usd_text
 from hopbase.models import ApiKey
-from tests.browser import committed_rows, downloaded, live_admin, missing, screenshot, wait_for
-from tests.console_cast import PASSWORD, person
-from tests.console_gateway import MODEL, chat, chromium, customer, price_of, refusal, row_cells, settled
-from tests.factories import make_channel, make_key, make_log, make_tenant
+from tests.support.browser import committed_rows, downloaded, live_admin, missing, screenshot, wait_for
+from tests.support.console_cast import PASSWORD, person
+from tests.support.console_gateway import MODEL, chat, chromium, customer, price_of, refusal, row_cells, settled
+from tests.support.factories import make_channel, make_key, make_log, make_tenant
 
 pytestmark = pytest.mark.skipif(bool(missing()), reason=missing() or "ok")
 

@@ -20,8 +20,8 @@ from django.test import Client
 from django.utils import timezone
 
 from console.models import Invitation, TenantMembership
-from tests.console_cast import PASSWORD, cast, email, fast_passwords, signed_in  # noqa: F401 (a fixture)
-from tests.smtp_sink import SmtpSink
+from tests.support.console_cast import PASSWORD, cast, email, fast_passwords, signed_in  # noqa: F401 (a fixture)
+from tests.support.smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.django_db
 LINK = re.compile(r"https?://[^\s<\"]+/console/invite/([A-Za-z0-9_-]+)/")

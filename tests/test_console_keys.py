@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing.models import Budget
 from console import allowance as console_allowance
 from hopbase.models import ApiKey
-from tests.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
-from tests.factories import make_channel, make_key
+from tests.support.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
+from tests.support.factories import make_channel, make_key
 
 pytestmark = pytest.mark.django_db
 

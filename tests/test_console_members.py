@@ -13,8 +13,8 @@ from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
 from console.models import TenantMembership
-from tests.console_cast import PASSWORD, email
-from tests.factories import make_tenant
+from tests.support.console_cast import PASSWORD, email
+from tests.support.factories import make_tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -90,7 +90,7 @@ def test_the_database_allows_one_membership_per_user_and_known_roles_only():
 def test_an_owner_removes_a_member_who_is_signed_out_and_cannot_sign_in_again():
     from django.contrib.admin.models import LogEntry
 
-    from tests.console_cast import cast, signed_in
+    from tests.support.console_cast import cast, signed_in
 
     people = cast()
     bobs_session = signed_in(people.bob)
@@ -103,7 +103,7 @@ def test_an_owner_removes_a_member_who_is_signed_out_and_cannot_sign_in_again():
 
 
 def test_the_last_owner_is_not_removed_and_a_member_cannot_remove_anyone():
-    from tests.console_cast import cast, signed_in
+    from tests.support.console_cast import cast, signed_in
 
     people = cast()
     refused = signed_in(people.alice).post(f"/console/people/{people.alice.pk}/remove/", follow=True)
@@ -118,7 +118,7 @@ def test_someone_removed_can_be_invited_back():
 
     from django.test import Client
 
-    from tests.console_cast import cast, signed_in
+    from tests.support.console_cast import cast, signed_in
 
     people = cast()
     signed_in(people.alice).post(f"/console/people/{people.bob.pk}/remove/")

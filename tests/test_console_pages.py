@@ -17,8 +17,8 @@ from django.utils import timezone
 from billing.ledger import post_entry, top_up
 from billing.models import Budget, LedgerEntry
 from console import logs as console_logs
-from tests.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
-from tests.factories import make_channel, make_key, make_log
+from tests.support.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
+from tests.support.factories import make_channel, make_key, make_log
 
 pytestmark = pytest.mark.django_db
 

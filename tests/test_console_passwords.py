@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from console.mail import later
-from tests.console_cast import PASSWORD, cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
+from tests.support.console_cast import PASSWORD, cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 LINK = re.compile(r"/console/reset/[A-Za-z0-9_-]+/[A-Za-z0-9-]+/")

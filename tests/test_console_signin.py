@@ -11,7 +11,7 @@ from django.test import Client
 
 from console.signin import THROTTLED, WRONG
 from hopbase import staff_login
-from tests.console_cast import PASSWORD, cast, email
+from tests.support.console_cast import PASSWORD, cast, email
 
 pytestmark = pytest.mark.django_db
 

@@ -18,10 +18,10 @@ import pytest
 from billing.exports import export_rows, for_export
 from billing.models import RequestLog
 from billing.settlement import settle
-from tests.protocol_checks import new_tag, prompt, words
-from tests.relay_checks import STALLED, stream, stream_errors
-from tests.translation_clients import CLIENT_APIS, ask
-from tests.wire import records, wait_for_log
+from tests.support.protocol_checks import new_tag, prompt, words
+from tests.support.relay_checks import STALLED, stream, stream_errors
+from tests.support.translation_clients import CLIENT_APIS, ask
+from tests.support.wire import records, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

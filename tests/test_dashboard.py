@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from billing.dashboard import MIN_DAYS_SHOWN, dashboard_context, fitted_start, parse_days
-from tests.factories import make_log, make_tenant
+from tests.support.factories import make_log, make_tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from django.core.management import call_command
 from billing.settlement import settle
 from channels_pool.models import Channel
 from hopbase.management.commands.demo import CLOUD_MODELS
-from tests.protocol_checks import genai_client
-from tests.wire import wait_for_log
+from tests.support.protocol_checks import genai_client
+from tests.support.wire import wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

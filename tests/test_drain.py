@@ -19,7 +19,7 @@ import pytest
 from billing.models import RequestLog
 from hopbase import lifecycle
 from hopbase.lifecycle import Lifecycle
-from tests.drain_harness import (
+from tests.support.drain_harness import (
     DRAIN_TIMEOUT,
     UNAVAILABLE,
     WITHIN,
@@ -34,9 +34,9 @@ from tests.drain_harness import (
     wait_for_exit,
     wait_for_readyz,
 )
-from tests.processes import SERVERS
-from tests.relay_checks import INTERRUPTED, TERMINALS, stream_errors
-from tests.wire import PROTOCOLS, wait_for_records
+from tests.support.processes import SERVERS
+from tests.support.relay_checks import INTERRUPTED, TERMINALS, stream_errors
+from tests.support.wire import PROTOCOLS, wait_for_records
 
 SHORT = "tokens=12 pace=0.1"  # about 1.1 s: ends well within the drain
 LONG = "tokens=200 pace=0.05"  # about 10 s: still open at the deadline

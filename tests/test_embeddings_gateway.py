@@ -32,8 +32,8 @@ from channels_pool.models import Channel
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
 from channels_pool.simulator.embeddings import DEFAULT_DIMENSIONS, vector
 from core.usage import estimate_tokens
-from tests.protocol_checks import genai_client, new_tag, openai_client, words
-from tests.wire import records, wait_for_log
+from tests.support.protocol_checks import genai_client, new_tag, openai_client, words
+from tests.support.wire import records, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

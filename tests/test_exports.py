@@ -25,7 +25,7 @@ from billing.exports import COLUMNS, csv_lines, export_queryset, export_rows, st
 from billing.ledger import top_up
 from billing.models import LedgerEntry, RequestLog
 from billing.settlement import sweep
-from tests.factories import (
+from tests.support.factories import (
     make_channel,
     make_key,
     make_log,

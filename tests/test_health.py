@@ -15,9 +15,9 @@ from channels_pool.health import HealthBoard
 from channels_pool.jobs import HEALTH_INTERVAL, HealthWriter, health_writer
 from channels_pool.models import ChannelHealth
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.factories import make_channel
-from tests.processes import start_gateway
-from tests.wire import call, wait_for_log, wait_for_records
+from tests.support.factories import make_channel
+from tests.support.processes import start_gateway
+from tests.support.wire import call, wait_for_log, wait_for_records
 
 
 @dataclass(frozen=True)

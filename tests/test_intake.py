@@ -15,7 +15,7 @@ from django.test import RequestFactory
 
 from billing.models import RequestLog
 from hopbase.intake import client_headers
-from tests.wire import PROTOCOLS, call, records, wait_for_log, wait_for_records
+from tests.support.wire import PROTOCOLS, call, records, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

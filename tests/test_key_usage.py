@@ -14,7 +14,7 @@ from django.utils import timezone
 from hopbase import key_usage
 from hopbase.key_usage import KEY_USAGE_INTERVAL, KeyUsage, key_usage_writer, note, usage
 from hopbase.models import ApiKey
-from tests.factories import make_key
+from tests.support.factories import make_key
 
 
 def last_used(key: ApiKey):

@@ -19,7 +19,7 @@ from core import dependencies
 from core.errors import ErrorKind, GatewayError
 from hopbase import limits as limits_module
 from hopbase.limits import SLOTS_PREFIX, WINDOW_SECONDS, Limits, LocalCounters, RedisCounters
-from tests.wire import call, wait_for_log, wait_for_records
+from tests.support.wire import call, wait_for_log, wait_for_records
 
 
 @pytest.fixture(autouse=True)

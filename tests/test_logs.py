@@ -18,8 +18,8 @@ from core.logs import JsonFormatter, TextFormatter
 from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import SERVERS, start_gateway
-from tests.wire import call, wait_for_log
+from tests.support.processes import SERVERS, start_gateway
+from tests.support.wire import call, wait_for_log
 
 
 def finished() -> Finished:

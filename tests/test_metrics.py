@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import ROOT, SERVERS, Service, free_port, start_gateway
-from tests.wire import call
+from tests.support.processes import ROOT, SERVERS, Service, free_port, start_gateway
+from tests.support.wire import call
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from hopbase.models import ApiKey, Tenant
-from tests.outage_harness import (
+from tests.support.outage_harness import (
     ERROR_CLASS,
     HANG,
     MODEL,
@@ -32,7 +32,7 @@ from tests.outage_harness import (
     wait_until,
     warm_up,
 )
-from tests.wire import wait_for_log, wait_for_records
+from tests.support.wire import wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -12,7 +12,7 @@ import pytest
 
 from core.errors import ErrorKind, GatewayError
 from hopbase.capacity import FD_HEADROOM, FairShare, derived_limit
-from tests.drain_harness import (
+from tests.support.drain_harness import (
     FULL,
     WITHIN,
     InFlight,
@@ -23,7 +23,7 @@ from tests.drain_harness import (
     stop_for_good,
     tagged,
 )
-from tests.wire import PROTOCOLS, wait_for_log
+from tests.support.wire import PROTOCOLS, wait_for_log
 
 LIMIT = 2
 LONG = "tokens=200 pace=0.05"  # about 10 s

@@ -22,7 +22,7 @@ from billing.pricing import (
     load_priced_models,
     price_at,
 )
-from tests.factories import make_price, make_tenant
+from tests.support.factories import make_price, make_tenant
 
 ONE = Decimal("1")
 

@@ -42,9 +42,9 @@ from google.genai import types
 
 from billing.models import RequestLog
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.nginx_harness import NGINX, TEMPLATE, Nginx, Process, answers, celery, serve
-from tests.processes import ROOT
-from tests.protocol_checks import (
+from tests.support.nginx_harness import NGINX, TEMPLATE, Nginx, Process, answers, celery, serve
+from tests.support.processes import ROOT
+from tests.support.protocol_checks import (
     RequestIds,
     anthropic_client,
     check_log,
@@ -447,7 +447,7 @@ def test_the_gateway_tells_clients_apart_behind_nginx(topology):
 
 
 def test_the_worker_settles_and_beat_sweeps(through, topology, committed_db):
-    from tests.settlement_checks import wait_for
+    from tests.support.settlement_checks import wait_for
 
     raw = through.oai.chat.completions.with_raw_response.create(model="sim-model", messages=user("settle me"))
     log = wait_for_log(raw.headers["x-hopbase-request-id"])

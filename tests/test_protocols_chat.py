@@ -10,8 +10,8 @@ import json
 import pytest
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.protocol_checks import (
+from tests.support.processes import SERVERS
+from tests.support.protocol_checks import (
     TOOL_ARGUMENTS,
     TOOL_NAME,
     WEATHER_TOOL_OPENAI,

@@ -10,8 +10,8 @@ import pytest
 from google.genai import types
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.protocol_checks import (
+from tests.support.processes import SERVERS
+from tests.support.protocol_checks import (
     check_credentials,
     check_log,
     check_stream_headers,

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.protocol_checks import (
+from tests.support.processes import SERVERS
+from tests.support.protocol_checks import (
     CHANNEL_PROTOCOL,
     anthropic_client,
     check_credentials,

@@ -11,8 +11,8 @@ import pytest
 
 from channels_pool.models import Channel
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.protocol_checks import anthropic_client, genai_client, openai_client
+from tests.support.processes import SERVERS
+from tests.support.protocol_checks import anthropic_client, genai_client, openai_client
 
 pytestmark = pytest.mark.gateway
 # Every test here under both servers: plain daphne and manage.py serve (uvicorn).

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.protocol_checks import (
+from tests.support.processes import SERVERS
+from tests.support.protocol_checks import (
     check_credentials,
     check_log,
     dump,

@@ -21,7 +21,7 @@ from channels_pool.provider_state import Pending, StateOwners
 from core import dependencies, snapshots
 from core.errors import ErrorKind, GatewayError
 from hopbase.protocols import GEMINI, MESSAGES, RESPONSES
-from tests.relay_fakes import Answer, Upstream, build, caller
+from tests.support.relay_fakes import Answer, Upstream, build, caller
 
 OURS, THEIRS = 7, 8  # tenant ids: relay_fakes.caller() is tenant 7
 
@@ -150,7 +150,7 @@ def test_past_its_bound_the_write_queue_drops_new_owners_but_this_process_enforc
 @pytest.mark.django_db
 def test_owners_reach_the_database_once_each():
     from channels_pool.models import ProviderState
-    from tests.factories import make_channel, make_tenant
+    from tests.support.factories import make_channel, make_tenant
 
     tenant, channel, gone = make_tenant(), make_channel(), make_channel()
     owners = StateOwners()
@@ -273,8 +273,8 @@ def test_a_404_without_named_state_still_counts_against_the_channel():
 @pytest.mark.usefixtures("committed_db")
 class TestThroughTheGateway:
     def test_another_tenants_cache_name_is_refused_without_an_upstream_call(self, gateway, world):
-        from tests.relay_checks import new_tag, post
-        from tests.wire import records, wait_for_log, wait_for_records
+        from tests.support.relay_checks import new_tag, post
+        from tests.support.wire import records, wait_for_log, wait_for_records
 
         tag = new_tag()
         contents = [{"role": "user", "parts": [{"text": f"doc [sim tag={tag}]"}]}]
@@ -304,8 +304,8 @@ class TestThroughTheGateway:
         ({"cachedContent": {"name": "NAME"}}, 400),
     ])
     def test_no_spelling_of_a_cache_name_skips_the_owner_check(self, gateway, world, spellings, status):
-        from tests.relay_checks import new_tag, post
-        from tests.wire import records, wait_for_records
+        from tests.support.relay_checks import new_tag, post
+        from tests.support.wire import records, wait_for_records
 
         tag = new_tag()
         contents = [{"role": "user", "parts": [{"text": f"doc [sim tag={tag}]"}]}]
@@ -322,8 +322,8 @@ class TestThroughTheGateway:
 
     def test_the_owner_of_a_response_is_written_to_the_database(self, gateway, world):
         from channels_pool.models import ProviderState
-        from tests.relay_checks import post
-        from tests.wire import wait_for_log
+        from tests.support.relay_checks import post
+        from tests.support.wire import wait_for_log
 
         first = post(gateway, "responses", world.key, "affinity-model", "hi [sim tokens=2]")
         response_id = first.json()["id"]
@@ -336,8 +336,8 @@ class TestThroughTheGateway:
 
     def test_a_bogus_response_id_answered_404_costs_the_channel_nothing(self, gateway, world):
         from channels_pool.models import ChannelHealth
-        from tests.relay_checks import new_tag, post
-        from tests.wire import records
+        from tests.support.relay_checks import new_tag, post
+        from tests.support.wire import records
 
         channels = [world.channels["openai-affinity-model-a"], world.channels["openai-affinity-model-b"]]
 

@@ -18,8 +18,8 @@ from django.db import connection
 from bench.tcp_proxy import TcpProxy
 from hopbase import lifecycle, readiness
 from hopbase.readiness import Probe
-from tests.drain_harness import WITHIN, gateway_env, readyz, start_daphne, stop_for_good
-from tests.processes import BIN, ROOT, free_port
+from tests.support.drain_harness import WITHIN, gateway_env, readyz, start_daphne, stop_for_good
+from tests.support.processes import BIN, ROOT, free_port
 
 # A probe is waited for at most a second; a reply within two is not hung.
 PROMPT_REPLY = 2.0

@@ -45,8 +45,8 @@ import pytest
 from channels_pool.simulator.requests import count_words, prompt_texts
 from channels_pool.simulator.wire.common import THINKING_WORDS
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import ROOT, Service, start_gateway
-from tests.simulator_harness import expected_text
+from tests.support.processes import ROOT, Service, start_gateway
+from tests.support.simulator_harness import expected_text
 
 CLIENTS = ROOT / "tests" / "clients"
 CLAUDE = CLIENTS / "node_modules" / ".bin" / "claude"

@@ -20,7 +20,7 @@ from billing.recorder import Recorder, to_row
 from billing.spool import replay_dead
 from core.usage import Usage
 from hopbase.models import Tenant
-from tests.factories import make_channel, make_key
+from tests.support.factories import make_channel, make_key
 
 
 def finished(key, **fields) -> Finished:

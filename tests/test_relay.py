@@ -15,7 +15,7 @@ import orjson
 from core.errors import STALLED_MESSAGE
 from core.vocabulary import RequestStatus
 from hopbase.protocols import CHAT, MESSAGES
-from tests.relay_fakes import (
+from tests.support.relay_fakes import (
     DONE,
     FAST,
     PREAMBLE,

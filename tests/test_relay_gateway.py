@@ -12,15 +12,15 @@ import httpx
 import pytest
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.relay_checks import (
+from tests.support.processes import SERVERS
+from tests.support.relay_checks import (
     TERMINALS,
     client_events,
     new_tag,
     post,
     stream,
 )
-from tests.wire import (
+from tests.support.wire import (
     PROTOCOLS,
     call,
     channel_protocol,

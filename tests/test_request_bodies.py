@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.drain_harness import ServeGroup, start_under
-from tests.processes import SERVERS
-from tests.wire import wait_for_log
+from tests.support.drain_harness import ServeGroup, start_under
+from tests.support.processes import SERVERS
+from tests.support.wire import wait_for_log
 
 LIMIT = 1024 * 1024  # the gateways' HOPBASE_MAX_BODY_BYTES here
 HUGE = 100 * 1024 * 1024

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.drain_harness import start_under
-from tests.processes import SERVERS
+from tests.support.drain_harness import start_under
+from tests.support.processes import SERVERS
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("world")]
 

@@ -16,8 +16,8 @@ import pytest
 
 from billing.models import ModelPrice
 from channels_pool.models import Channel
-from tests.protocol_checks import new_tag
-from tests.wire import call, records, wait_for_log
+from tests.support.protocol_checks import new_tag
+from tests.support.wire import call, records, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -28,9 +28,9 @@ from hopbase import auth, revocations
 from hopbase.auth import Caller
 from hopbase.models import ApiKey, hash_secret
 from hopbase.revocations import MARKER_PREFIX, Refusal, Subscriber, channel_name
-from tests.factories import make_key
-from tests.outage_harness import through
-from tests.processes import free_port
+from tests.support.factories import make_key
+from tests.support.outage_harness import through
+from tests.support.processes import free_port
 
 WAIT = 5.0  # every wait here is a hang detector
 
@@ -147,7 +147,7 @@ def test_the_admins_revoke_action_announces_every_key_it_revoked(admin_client, s
 def test_a_revocation_from_the_tenant_console_is_announced(store, listening, settings,
                                                            django_capture_on_commit_callbacks):
     from console.keys import revoke_key
-    from tests.console_cast import person
+    from tests.support.console_cast import person
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # hashing at full cost is slow
     owner = person(make_key()[0].tenant, "owner", "owner")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hopbase.models import ApiKey, Tenant
-from tests.outage_harness import HANG, Rig, start_rig, wait_for_revocation_listener, warm_up
+from tests.support.outage_harness import HANG, Rig, start_rig, wait_for_revocation_listener, warm_up
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

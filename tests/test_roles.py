@@ -25,8 +25,8 @@ from channels_pool.models import Channel
 from core import audit
 from hopbase.models import Tenant
 from hopbase.roles import ROLES
-from tests.factories import make_channel, make_key, make_log, make_price, make_tenant
-from tests.staff_checks import PASSWORD, create_staff, form_token, log_in, post
+from tests.support.factories import make_channel, make_key, make_log, make_price, make_tenant
+from tests.support.staff_checks import PASSWORD, create_staff, form_token, log_in, post
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 
 from billing.models import LedgerEntry, RequestLog
 from core.row_insert import insert_rows
-from tests.factories import make_key, make_log
+from tests.support.factories import make_key, make_log
 
 
 def new_log(key, **fields) -> RequestLog:

@@ -1,5 +1,5 @@
 """A request's life after the commit (M1–M6, S1, B1), and what it holds:
-a ``Relay`` over scripted channels (tests/relay_fakes.py), timers of tens of
+a ``Relay`` over scripted channels (tests/support/relay_fakes.py), timers of tens of
 milliseconds, no processes."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hopbase import delivery
 from hopbase.drain import Drain
 from hopbase.protocols import CHAT, GEMINI_CACHES
 from hopbase.protocols.openai_chat import ChatWatcher
-from tests.relay_fakes import (
+from tests.support.relay_fakes import (
     DONE,
     FAST,
     PREAMBLE,

@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from billing.models import RequestLog
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.relay_checks import (
+from tests.support.processes import SERVERS
+from tests.support.relay_checks import (
     GENERIC_ERROR,
     INTERRUPTED,
     STALLED,
@@ -27,7 +27,7 @@ from tests.relay_checks import (
     stream,
     stream_errors,
 )
-from tests.wire import (
+from tests.support.wire import (
     PROTOCOLS,
     call,
     open_raw,

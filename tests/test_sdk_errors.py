@@ -12,8 +12,8 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from tests.conftest import each_server
-from tests.processes import SERVERS
-from tests.relay_checks import new_tag
+from tests.support.processes import SERVERS
+from tests.support.relay_checks import new_tag
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 # Every test here under both servers: plain daphne and manage.py serve (uvicorn).

@@ -25,7 +25,7 @@ from channels_pool.models import Channel
 from channels_pool.selection import _load as load_channels
 from core import encryption
 from hopbase.settings import env_fernet_keys
-from tests.factories import make_channel, make_key, make_log, make_tenant
+from tests.support.factories import make_channel, make_key, make_log, make_tenant
 
 SECRET = "sk-live-PLAINTEXT-never-stored-7f3a9c"
 ROOT = Path(__file__).resolve().parent.parent

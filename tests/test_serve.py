@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import database_url_for_subprocess
-from tests.processes import ROOT, SERVERS, free_port, wait_until_serving
+from tests.support.processes import ROOT, SERVERS, free_port, wait_until_serving
 
 
 def children_of(pid: int) -> list[int]:

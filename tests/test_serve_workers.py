@@ -21,9 +21,9 @@ import pytest
 
 from hopbase.management.commands.serve import fresh_metrics_dir
 from hopbase.serve_worker import BACKLOG
-from tests.drain_harness import DRAIN_TIMEOUT, WITHIN, InFlight, ServeGroup, send, tagged, wait_for_exit
-from tests.processes import SERVERS
-from tests.wire import call
+from tests.support.drain_harness import DRAIN_TIMEOUT, WITHIN, InFlight, ServeGroup, send, tagged, wait_for_exit
+from tests.support.processes import SERVERS
+from tests.support.wire import call
 
 LONG = "tokens=200 pace=0.05"  # still open at the drain's deadline
 # The held stream's drain deadline: the window in which the test must see the

@@ -23,8 +23,8 @@ from billing.checks import ledger_problems
 from billing.ledger import post_entry
 from billing.models import LedgerEntry, RequestLog
 from billing.settlement import Outcome, settle, settle_many
-from tests.factories import make_log, make_price, unique
-from tests.settlement_checks import (
+from tests.support.factories import make_log, make_price, unique
+from tests.support.settlement_checks import (
     CHARGE,
     PRICED,
     assert_charged_once,

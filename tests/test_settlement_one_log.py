@@ -13,8 +13,8 @@ from billing.ledger import post_entry
 from billing.models import LedgerEntry
 from billing.settlement import Outcome, settle, settle_many
 from billing.tasks import settle_request_log, settle_request_logs
-from tests.factories import make_log, make_price, unique
-from tests.settlement_checks import CHARGE, PRICED, balance, entries_total, funded_tenant, priced_model
+from tests.support.factories import make_log, make_price, unique
+from tests.support.settlement_checks import CHARGE, PRICED, balance, entries_total, funded_tenant, priced_model
 
 
 @pytest.mark.django_db

@@ -26,8 +26,8 @@ from billing.models import RequestLog
 from billing.recorder import Recorder
 from billing.settlement import sweep, unsettled
 from billing.tasks import sweep_unsettled
-from tests.factories import make_key, make_log, unique
-from tests.settlement_checks import (
+from tests.support.factories import make_key, make_log, unique
+from tests.support.settlement_checks import (
     CHARGE,
     PRICED,
     an_hour_ago,

@@ -31,9 +31,9 @@ from billing.recorder import Recorder
 from billing.tasks import Publisher, settle_request_logs
 from core.usage import Usage
 from tests.conftest import database_url_for_subprocess
-from tests.factories import make_key, make_log, unique
-from tests.processes import ROOT, free_port
-from tests.settlement_checks import (
+from tests.support.factories import make_key, make_log, unique
+from tests.support.processes import ROOT, free_port
+from tests.support.settlement_checks import (
     CHARGE,
     PRICED,
     assert_charged_once,

@@ -44,7 +44,7 @@ from channels_pool.simulator import (
     vertex_service_account,
 )
 from channels_pool.simulator.wire import THINKING_WORDS, TOOL_ARGUMENTS
-from tests.cloud_clients import (
+from tests.support.cloud_clients import (
     AZURE_VERSION,
     CLAUDE_PROFILE,
     NOVA,
@@ -58,7 +58,7 @@ from tests.cloud_clients import (
     genai_vertex,
     vertex_credentials,
 )
-from tests.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks, words_in
+from tests.support.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks, words_in
 
 
 @pytest.fixture(scope="module")

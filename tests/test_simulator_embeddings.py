@@ -18,7 +18,7 @@ from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
 from channels_pool.simulator.embeddings import GEMINI_BATCH, MOST_INPUTS, vector
-from tests.simulator_harness import Sim, serving
+from tests.support.simulator_harness import Sim, serving
 
 
 @pytest.fixture(scope="module")

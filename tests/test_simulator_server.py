@@ -26,7 +26,7 @@ import openai
 import pytest
 from google.genai import errors as genai_errors
 
-from tests.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks
+from tests.support.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks
 
 
 @pytest.fixture(scope="module")

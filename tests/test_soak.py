@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests.conftest import database_url_for_subprocess
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 DURATION = 20
 # A hang detector for the whole soak (about 30 s of it), within pytest's own timeout.

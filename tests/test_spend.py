@@ -31,7 +31,7 @@ from hopbase.auth import Caller
 from hopbase.protocols import CHAT, EMBEDDINGS, GEMINI, MESSAGES
 from hopbase.protocols.base import MEDIA_TOKENS, TOOLS_PREAMBLE_TOKENS, dumps
 from hopbase.spend import Spend
-from tests.factories import make_key, make_price, make_tenant
+from tests.support.factories import make_key, make_price, make_tenant
 
 # Committed rows: the guard reads them in its own (async) context, where the test's transaction is not.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -256,7 +256,7 @@ def test_a_refused_or_failed_request_costs_its_budget_nothing(world):
 
 
 def test_a_window_is_seeded_from_the_ledgers_settled_charges(world):
-    from tests.factories import make_log
+    from tests.support.factories import make_log
 
     tenant, key, caller = world
     Budget.objects.create(tenant=tenant, api_key=key, period="total", limit_usd=Decimal("1"))

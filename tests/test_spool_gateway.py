@@ -17,8 +17,8 @@ from billing.models import RequestLog
 from billing.spool import read_segment
 from core.usage import estimate_tokens
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import SERVERS, start_gateway
-from tests.wire import PROTOCOLS, call, wait_for_log
+from tests.support.processes import SERVERS, start_gateway
+from tests.support.wire import PROTOCOLS, call, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

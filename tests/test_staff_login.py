@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from hopbase import staff_login
-from tests.staff_checks import PASSWORD, browser, create_staff, log_in, try_login
+from tests.support.staff_checks import PASSWORD, browser, create_staff, log_in, try_login
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from django.core.management import call_command
 from billing.models import ModelPrice
 from billing.settlement import settle_many
 from channels_pool.models import Channel
-from tests.protocol_checks import new_tag
-from tests.wire import call, channel_protocol, records, wait_for_log
+from tests.support.protocol_checks import new_tag
+from tests.support.wire import call, channel_protocol, records, wait_for_log
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

@@ -23,7 +23,7 @@ from core import dependencies
 from core.errors import ErrorKind, GatewayError
 from hopbase import token_limits as token_limits_module
 from hopbase.token_limits import PREFIX, LocalTokens, RedisTokens, Take, TokenLimits
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 
 @pytest.fixture(autouse=True)

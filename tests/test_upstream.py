@@ -14,7 +14,7 @@ from channels_pool.kinds import UpstreamRequest
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from tests.relay_fakes import Hang, Upstream
+from tests.support.relay_fakes import Hang, Upstream
 
 
 def attempt_on(upstream: Upstream, name: str) -> Attempt:

@@ -22,9 +22,9 @@ from django.db import connection
 
 from bench.tcp_proxy import TcpProxy
 from tests.conftest import GATEWAY_TIMERS, PROTOCOLS, World, channel_base_url, database_url_for_subprocess
-from tests.processes import BIN, Service, free_port
-from tests.simulator_harness import expected_text
-from tests.wire import call
+from tests.support.processes import BIN, Service, free_port
+from tests.support.simulator_harness import expected_text
+from tests.support.wire import call
 
 MODEL = "outage-model"
 # Every deadline in these tests is a hang detector, not a measurement.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.processes import ROOT, free_port
+from tests.support.processes import ROOT, free_port
 
 NGINX = Path("/usr/sbin/nginx")
 TEMPLATE = ROOT / "deploy" / "nginx.conf"

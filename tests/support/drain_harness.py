@@ -17,9 +17,9 @@ import httpx
 from django.conf import settings
 
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
-from tests.processes import BIN, ROOT, Service, free_port, gateway_command, wait_until_serving
-from tests.relay_checks import new_tag
-from tests.wire import Call, call
+from tests.support.processes import BIN, ROOT, Service, free_port, gateway_command, wait_until_serving
+from tests.support.relay_checks import new_tag
+from tests.support.wire import Call, call
 
 DRAIN_TIMEOUT = 3.0
 # Every wait below is a hang detector, not a measurement.
@@ -63,7 +63,7 @@ def start_daphne(**extra: str) -> Service:
 
 
 def start_under(server: str, **extra: str) -> Service:
-    """A gateway of the test's own under ``server`` (tests.processes.SERVERS):
+    """A gateway of the test's own under ``server`` (tests.support.processes.SERVERS):
     the contract's ``daphne``, or ``manage.py serve --workers 1``."""
     if server == "daphne":
         return start_daphne(**extra)

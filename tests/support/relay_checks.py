@@ -9,7 +9,7 @@ import uuid
 
 import httpx
 
-from tests.wire import call
+from tests.support.wire import call
 
 GENERIC_ERROR = "The model provider returned an error. Please retry."
 STALLED = "Upstream stopped responding mid-stream"

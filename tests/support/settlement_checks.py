@@ -14,7 +14,7 @@ from billing.checks import ledger_problems
 from billing.ledger import top_up
 from billing.models import LedgerEntry, RequestLog
 from hopbase.models import Tenant
-from tests.factories import make_price, make_tenant, unique
+from tests.support.factories import make_price, make_tenant, unique
 
 # 1000 input at 3/M + 200 output at 15/M = 0.003 + 0.003
 PRICED = {"input_tokens": 1000, "output_tokens": 200}

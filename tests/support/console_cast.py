@@ -15,7 +15,7 @@ from django.test import Client
 from console.members import add_member
 from console.models import TenantMembership
 from hopbase.models import Tenant
-from tests.factories import make_tenant
+from tests.support.factories import make_tenant
 
 PASSWORD = "correct horse battery staple 42"
 _people = itertools.count(1)

@@ -20,7 +20,7 @@ from google.genai import types as genai_types
 from google.oauth2 import service_account
 
 from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
-from tests.simulator_harness import Sim
+from tests.support.simulator_harness import Sim
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 AZURE_VERSION = "2024-10-21"

@@ -29,12 +29,12 @@ from billing.models import ModelPrice, RequestLog
 from billing.settlement import Outcome, settle
 from console.models import TenantMembership
 from hopbase.models import Tenant
-from tests.browser import start_chromium
+from tests.support.browser import start_chromium
 from tests.conftest import database_url_for_subprocess
-from tests.console_cast import PASSWORD, email
-from tests.processes import ROOT
-from tests.protocol_checks import openai_client
-from tests.wire import wait_for_log
+from tests.support.console_cast import PASSWORD, email
+from tests.support.processes import ROOT
+from tests.support.protocol_checks import openai_client
+from tests.support.wire import wait_for_log
 
 MODEL = "sim-model"  # priced and served by the test world's channels (tests/conftest.py)
 
@@ -71,7 +71,7 @@ def customer() -> Customer:
 
 @contextmanager
 def chromium(tmp: Path, size: tuple[int, int]) -> Iterator[Any]:
-    """A headless chromium (tests/browser.py) whose ``downloads`` is its download folder."""
+    """A headless chromium (tests/support/browser.py) whose ``downloads`` is its download folder."""
     profile, downloads = tmp / "profile", tmp / "downloads"
     profile.mkdir()
     downloads.mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/support/ -> the project
 BIN = Path(sys.executable).parent
 SERVERS = ("daphne", "uvicorn")
 

@@ -13,7 +13,7 @@ import httpx
 import openai
 from google.genai import types
 
-from tests.protocol_checks import (
+from tests.support.protocol_checks import (
     TOOL_NAME,
     WEATHER_TOOL_ANTHROPIC,
     WEATHER_TOOL_OPENAI,

@@ -9,7 +9,7 @@ import openai
 import pytest
 from google import genai
 
-from tests.protocol_checks import DIRECT_KEY, anthropic_client, genai_client, openai_client
+from tests.support.protocol_checks import DIRECT_KEY, anthropic_client, genai_client, openai_client
 
 
 @pytest.fixture
