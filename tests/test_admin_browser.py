@@ -19,7 +19,7 @@ from billing.dashboard import MIN_DAYS_SHOWN
 from billing.exports import COLUMNS
 from billing.models import RequestLog
 from channels_pool.models import Channel, ChannelHealth
-from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY
+from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY
 from hopbase.models import ApiKey
 from tests.support.browser import (
     column_visible,

@@ -29,7 +29,7 @@ from django.utils.html import escape
 from billing.models import LedgerEntry, RequestLog
 from channels_pool.models import Channel, ChannelHealth
 from channels_pool.masking import MASK, masked
-from channels_pool.simulator import (
+from simulator import (
     SIM_AWS_ACCESS_KEY_ID,
     SIM_AWS_SECRET_ACCESS_KEY,
     SIM_BEDROCK_API_KEY,

@@ -28,8 +28,8 @@ import pytest
 from billing.models import LedgerEntry, RequestLog
 from billing.settlement import Outcome, settle
 from channels_pool.models import ChannelHealth
-from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID
-from channels_pool.simulator.cloud_auth import DEFAULT_TOKEN_TTL
+from simulator import SIM_AWS_ACCESS_KEY_ID
+from simulator.cloud_auth import DEFAULT_TOKEN_TTL
 from core.errors import CONTENT_FILTERED_MESSAGE
 from tests.support.cloud_clients import AZURE_VERSION, frames
 from tests.conftest import AZURE_DEPLOYMENT, BEDROCK_CLAUDE, VERTEX_CLAUDE, VERTEX_GEMINI

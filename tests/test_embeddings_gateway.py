@@ -6,7 +6,7 @@ through or translated; batches split where a channel takes fewer; failover;
 one billed log row each; bad input refused before any channel is called.
 
 The simulator's vectors are derived from each text
-(``channels_pool.simulator.embeddings.vector``), so order and dimension are
+(``simulator.embeddings.vector``), so order and dimension are
 checked against it; it counts a word a token, and Gemini reports none.
 No public model here has "gemini" in its name: google-genai sends a list of
 texts to such a model as one multimodal content (one embedding).
@@ -29,8 +29,8 @@ from google.genai import types as genai_types
 from billing.models import ModelPrice, RequestLog
 from billing.settlement import settle
 from channels_pool.models import Channel
-from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
-from channels_pool.simulator.embeddings import DEFAULT_DIMENSIONS, vector
+from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
+from simulator.embeddings import DEFAULT_DIMENSIONS, vector
 from core.usage import estimate_tokens
 from tests.support.protocol_checks import genai_client, new_tag, openai_client, words
 from tests.support.wire import records, wait_for_log

@@ -42,8 +42,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from channels_pool.simulator.requests import count_words, prompt_texts
-from channels_pool.simulator.wire.common import THINKING_WORDS
+from simulator.requests import count_words, prompt_texts
+from simulator.wire.common import THINKING_WORDS
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
 from tests.support.processes import ROOT, Service, start_gateway
 from tests.support.simulator_harness import expected_text

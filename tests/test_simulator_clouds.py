@@ -37,13 +37,13 @@ from google.auth.transport.requests import Request as GoogleRequest
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from channels_pool.simulator import (
+from simulator import (
     SIM_AWS_ACCESS_KEY_ID,
     SIM_AWS_SECRET_ACCESS_KEY,
     SIM_BEDROCK_API_KEY,
     vertex_service_account,
 )
-from channels_pool.simulator.wire import THINKING_WORDS, TOOL_ARGUMENTS
+from simulator.wire import THINKING_WORDS, TOOL_ARGUMENTS
 from tests.support.cloud_clients import (
     AZURE_VERSION,
     CLAUDE_PROFILE,

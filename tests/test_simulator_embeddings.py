@@ -17,7 +17,7 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from channels_pool.simulator.embeddings import GEMINI_BATCH, MOST_INPUTS, vector
+from simulator.embeddings import GEMINI_BATCH, MOST_INPUTS, vector
 from tests.support.simulator_harness import Sim, serving
 
 

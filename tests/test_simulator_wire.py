@@ -20,7 +20,7 @@ import pytest
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from channels_pool.simulator.wire import THINKING_WORDS, TOOL_ARGUMENTS
+from simulator.wire import THINKING_WORDS, TOOL_ARGUMENTS
 from tests.support.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks, words_in
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}

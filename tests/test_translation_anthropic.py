@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels_pool.simulator.wire.anthropic import AnthropicRenderer
-from channels_pool.simulator.wire.common import Script
+from simulator.wire.anthropic import AnthropicRenderer
+from simulator.wire.common import Script
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels_pool.simulator.wire.common import (
+from simulator.wire.common import (
     TEXT_WORDS,
     THINKING_WORDS,
     TOOL_ARGUMENTS,
@@ -27,7 +27,7 @@ from channels_pool.simulator.wire.common import (
     Script,
     deltas,
 )
-from channels_pool.simulator.wire.openai import ChatRenderer
+from simulator.wire.openai import ChatRenderer
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage

@@ -14,9 +14,9 @@ import json
 import pytest
 
 from channels_pool.kinds.eventstream import ConverseFrames
-from channels_pool.simulator import eventstream
-from channels_pool.simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
-from channels_pool.simulator.wire.converse import ConverseRenderer
+from simulator import eventstream
+from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
+from simulator.wire.converse import ConverseRenderer
 from core.sse import Event
 from core.vocabulary import WireProtocol
 from hopbase.protocols import CHAT, CONVERSE

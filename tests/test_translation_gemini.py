@@ -19,8 +19,8 @@ from google.genai import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels_pool.simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
-from channels_pool.simulator.wire.gemini import GeminiRenderer
+from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
+from simulator.wire.gemini import GeminiRenderer
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage

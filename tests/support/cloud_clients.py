@@ -19,7 +19,7 @@ from google import genai
 from google.genai import types as genai_types
 from google.oauth2 import service_account
 
-from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
+from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
 from tests.support.simulator_harness import Sim
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"

@@ -21,8 +21,8 @@ import openai
 from google import genai
 from google.genai import types as genai_types
 
-from channels_pool.simulator import Simulator
-from channels_pool.simulator.wire import TEXT_WORDS
+from simulator import Simulator
+from simulator.wire import TEXT_WORDS
 
 PROMPT = "Please describe the weather in Paris today"  # 7 words, 42 characters
 

@@ -13,7 +13,7 @@ from django.db import transaction
 from billing.ledger import top_up
 from billing.models import ModelPrice
 from channels_pool.models import Channel
-from channels_pool.simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
+from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
 from hopbase.models import ApiKey, Tenant
 
 DEMO_MODELS = {

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from channels_pool.simulator import embeddings, wire
-from channels_pool.simulator.cloud_auth import TokenIssuer
-from channels_pool.simulator.clouds import CloudEndpoints, cloud_call
-from channels_pool.simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
-from channels_pool.simulator.records import Record
-from channels_pool.simulator.requests import Directives, api_key_of, build_script, gather_directives, prompt_texts
-from channels_pool.simulator.side_endpoints import GEMINI_MODELS, SideEndpoints
+from simulator import embeddings, wire
+from simulator.cloud_auth import TokenIssuer
+from simulator.clouds import CloudEndpoints, cloud_call
+from simulator.http import BadRequest, BodyWriter, ClientGone, Connection, Request, read_request
+from simulator.records import Record
+from simulator.requests import Directives, api_key_of, build_script, gather_directives, prompt_texts
+from simulator.side_endpoints import GEMINI_MODELS, SideEndpoints
 
 _GEMINI_CALL = re.compile(r"/(v1|v1beta|v1alpha)/(.+):(generateContent|streamGenerateContent)")
 _GEMINI_CACHES = re.compile(r"/(v1|v1beta|v1alpha)/cachedContents")

@@ -1,7 +1,7 @@
 """``manage.py simulate_upstream``: run the fake LLM provider until killed.
 
 The gateway's demo and process-level tests point their channels at it; see
-``channels_pool.simulator`` for what it speaks and the directives it obeys.
+``simulator`` for what it speaks and the directives it obeys.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from channels_pool.simulator import run, vertex_service_account
+from simulator import run, vertex_service_account
 
 
 class Command(BaseCommand):

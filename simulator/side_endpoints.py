@@ -7,10 +7,10 @@ import json
 import re
 import time
 
-from channels_pool.simulator import wire
-from channels_pool.simulator.http import Connection, Request
-from channels_pool.simulator.records import Record
-from channels_pool.simulator.requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
+from simulator import wire
+from simulator.http import Connection, Request
+from simulator.records import Record
+from simulator.requests import Directives, api_key_of, count_words, gather_directives, prompt_texts
 
 GEMINI_MODELS = re.compile(r"/(v1|v1beta|v1alpha)/models")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from channels_pool.simulator.wire.common import (
+from simulator.wire.common import (
     FRAME,
     TOKEN,
     TOOL_ARGUMENTS,

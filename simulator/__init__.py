@@ -32,13 +32,13 @@ Its parts:
   clouds' embedding answers.
 """
 
-from channels_pool.simulator.cloud_auth import (
+from simulator.cloud_auth import (
     SIM_AWS_ACCESS_KEY_ID,
     SIM_AWS_SECRET_ACCESS_KEY,
     SIM_BEDROCK_API_KEY,
     vertex_service_account,
 )
-from channels_pool.simulator.server import Simulator, run
+from simulator.server import Simulator, run
 
 __all__ = ["SIM_AWS_ACCESS_KEY_ID", "SIM_AWS_SECRET_ACCESS_KEY", "SIM_BEDROCK_API_KEY", "Simulator", "run",
            "vertex_service_account"]

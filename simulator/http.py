@@ -1,6 +1,6 @@
 """The upstream simulator's HTTP/1.1 layer, written by hand on asyncio streams.
 
-``channels_pool.simulator.server`` answers requests; this module reads them off
+``simulator.server`` answers requests; this module reads them off
 the socket (keep-alive, Content-Length or chunked bodies) and writes answers back
 with exact control over every HTTP chunk, pause and hang-up, which a real web
 framework would hide. While a response is being produced the socket is watched

@@ -1,6 +1,6 @@
 """What the upstream simulator says, in each provider's exact wire shape.
 
-The simulator's server (``channels_pool.simulator.server``) decides *how*
+The simulator's server (``simulator.server``) decides *how*
 bytes go out: pacing, splitting, stalls, cut connections. This package
 decides *which* bytes: one renderer per protocol turns a ``Script`` (the
 tokens, tool call and usage of one answer) into the streaming events, the
@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from channels_pool.simulator.wire.anthropic import AnthropicRenderer
-from channels_pool.simulator.wire.clouds import (
+from simulator.wire.anthropic import AnthropicRenderer
+from simulator.wire.clouds import (
     AzureChatRenderer,
     AzureResponsesRenderer,
     BedrockAnthropicRenderer,
     VertexAnthropicRenderer,
     VertexGeminiRenderer,
 )
-from channels_pool.simulator.wire.common import (
+from simulator.wire.common import (
     FRAME,
     OVERLOADED,
     PREAMBLE,
@@ -48,9 +48,9 @@ from channels_pool.simulator.wire.common import (
     dump,
     simulated_message,
 )
-from channels_pool.simulator.wire.converse import ConverseRenderer
-from channels_pool.simulator.wire.gemini import GeminiRenderer
-from channels_pool.simulator.wire.openai import ChatRenderer, ResponsesRenderer
+from simulator.wire.converse import ConverseRenderer
+from simulator.wire.gemini import GeminiRenderer
+from simulator.wire.openai import ChatRenderer, ResponsesRenderer
 
 __all__ = [
     "FRAME", "OVERLOADED", "PREAMBLE", "RENDERERS", "SERVER", "SIM_MODELS", "TEXT_WORDS", "THINKING_WORDS", "TOKEN",

@@ -20,12 +20,12 @@ import base64
 import json
 from typing import Any
 
-from channels_pool.simulator import eventstream
-from channels_pool.simulator.wire.anthropic import AnthropicRenderer
-from channels_pool.simulator.wire.common import PREAMBLE, Event, Script, dump, simulated_message
-from channels_pool.simulator.wire.converse import BedrockRenderer
-from channels_pool.simulator.wire.gemini import GeminiRenderer
-from channels_pool.simulator.wire.openai import ChatRenderer, ResponsesRenderer, openai_error
+from simulator import eventstream
+from simulator.wire.anthropic import AnthropicRenderer
+from simulator.wire.common import PREAMBLE, Event, Script, dump, simulated_message
+from simulator.wire.converse import BedrockRenderer
+from simulator.wire.gemini import GeminiRenderer
+from simulator.wire.openai import ChatRenderer, ResponsesRenderer, openai_error
 
 # --------------------------------------------------------------------------- Azure OpenAI
 

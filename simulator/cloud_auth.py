@@ -44,9 +44,9 @@ from cryptography.hazmat.primitives import serialization
 from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
-from channels_pool.simulator.http import Request
-from channels_pool.simulator.requests import parse_pairs
-from channels_pool.simulator.wire.converse import bedrock_error_headers
+from simulator.http import Request
+from simulator.requests import parse_pairs
+from simulator.wire.converse import bedrock_error_headers
 
 SIM_AWS_ACCESS_KEY_ID = "AKIAHOPBASESIMULATOR"
 SIM_AWS_SECRET_ACCESS_KEY = "hopbase/simulator/secret/access/key+test"

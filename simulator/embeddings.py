@@ -22,7 +22,7 @@ import random
 import struct
 from typing import Any
 
-from channels_pool.simulator.requests import count_words
+from simulator.requests import count_words
 
 DEFAULT_DIMENSIONS = 16  # small on purpose: records keep every byte sent
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from channels_pool.simulator.requests import api_key_of
+from simulator.requests import api_key_of
 
 
 @dataclass

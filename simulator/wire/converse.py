@@ -1,7 +1,7 @@
 """Amazon Bedrock: the Converse grammar, and what every Bedrock answer shares.
 
 ``BedrockRenderer`` is Bedrock's side of any grammar: answers streamed as AWS
-event-stream messages (``channels_pool.simulator.eventstream``), failures
+event-stream messages (``simulator.eventstream``), failures
 mid-stream as exception messages (``throttlingException`` …) or a frame with
 a broken CRC, and HTTP errors named in the ``x-amzn-ErrorType`` header with
 a ``{"message": …}`` body, which is how botocore picks its error class.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from channels_pool.simulator import eventstream
-from channels_pool.simulator.wire.common import (
+from simulator import eventstream
+from simulator.wire.common import (
     FRAME,
     OVERLOADED,
     PREAMBLE,

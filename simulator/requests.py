@@ -14,7 +14,7 @@ error_after_preamble, error_after, error_kind, stall_after, cut_after, split,
 crlf, pause_mid_event, pause_at, gate_at, tag, id, created, cached, cache_write,
 report_output (the output count the usage reports, any integer, negative too),
 responses_only (Chat Completions refused as OpenAI refuses it for the gpt-5-codex class),
-and for the clouds (``channels_pool.simulator.clouds``): content_filter,
+and for the clouds (``simulator.clouds``): content_filter,
 filter_finish (Azure), exception_after, exception, bad_crc_after (Bedrock).
 Unknown keys and malformed values are ignored, so a request always gets an answer.
 
@@ -49,10 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from channels_pool.simulator import wire
-from channels_pool.simulator.http import Request
-from channels_pool.simulator.wire import OVERLOADED, SERVER
-from channels_pool.simulator.wire.converse import converse_texts
+from simulator import wire
+from simulator.http import Request
+from simulator.wire import OVERLOADED, SERVER
+from simulator.wire.converse import converse_texts
 
 _TEXT_DIRECTIVE = re.compile(r"\[sim\b([^\]]*)\]")
 

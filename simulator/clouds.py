@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from channels_pool.simulator import embeddings, wire
-from channels_pool.simulator.cloud_auth import (
+from simulator import embeddings, wire
+from simulator.cloud_auth import (
     DEFAULT_TOKEN_TTL,
     GOOGLE_TOKEN_URI,
     AuthRefused,
@@ -53,11 +53,11 @@ from channels_pool.simulator.cloud_auth import (
     bedrock_credential,
     email_directives,
 )
-from channels_pool.simulator.http import Connection, Request
-from channels_pool.simulator.records import Record
-from channels_pool.simulator.requests import Directives, build_script, count_words, gather_directives, prompt_texts
-from channels_pool.simulator.wire.clouds import AzureChatRenderer, content_filter_error
-from channels_pool.simulator.wire.converse import BAD_CRC, BedrockRenderer
+from simulator.http import Connection, Request
+from simulator.records import Record
+from simulator.requests import Directives, build_script, count_words, gather_directives, prompt_texts
+from simulator.wire.clouds import AzureChatRenderer, content_filter_error
+from simulator.wire.converse import BAD_CRC, BedrockRenderer
 
 _AZURE_DEPLOYMENT = re.compile(r"/openai/deployments/([^/]+)/(chat/completions|embeddings)")
 _AZURE_BY_BODY = {"/openai/v1/responses": "azure-responses", "/openai/responses": "azure-responses",
