@@ -7,7 +7,7 @@ whole-table counts (EstimatedCountPaginator), join their foreign keys in
 the list query, and offer filters whose choices come from small tables
 (tenants, channels, prices) or fixed lists, never a DISTINCT over the logs.
 
-Budgets have their own module (billing.admin_budgets).
+Budgets have their own module (billing.budgets.admin).
 
 The request-log list exports what it shows: its "Export CSV" / "Export
 JSONL" buttons stream the currently filtered rows (billing.exports), and two
@@ -36,7 +36,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from billing import admin_budgets  # noqa: F401  (registers the budgets' admin)
+from billing.budgets import admin as admin_budgets  # noqa: F401  (registers the budgets' admin)
 from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed
 from billing.models import LedgerEntry, ModelPrice, RequestLog
 from core.model_names import parse_model_names
@@ -310,4 +310,4 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         return entry.request_log.request_id if entry.request_log is not None else ""
 
 
-from billing import admin_alerts  # noqa: E402, F401 - budget alerts (G4); needs ReadOnlyAdmin above
+from billing.budgets import admin_alerts  # noqa: E402, F401 - budget alerts (G4); needs ReadOnlyAdmin above

@@ -11,7 +11,7 @@ settles every log still unsettled a little later.
 - ``settle_request_log(id)``: the same for one log;
 - ``sweep_unsettled()``: run by beat every HOPBASE_SWEEP_INTERVAL seconds
   when REDIS_URL is set (settings.CELERY_BEAT_SCHEDULE);
-- ``deliver_budget_alert(...)``: a budget alert's webhook (G4, billing.alerts),
+- ``deliver_budget_alert(...)``: a budget alert's webhook (G4, billing.budgets.alerts),
   retried with backoff until a 2xx.
 
 Without REDIS_URL Celery is eager: ``apply_async`` runs the task in the
@@ -33,8 +33,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from billing import alerts
-from billing.budget_windows import Window
+from billing.budgets import alerts
+from billing.budgets.windows import Window
 from billing.models import AlertType
 from billing.settlement import SWEEP_DELAY, settle, settle_many, sweep
 from core import loggers
@@ -117,7 +117,7 @@ class Publisher:
 publisher = Publisher()
 
 
-# Budget alerts (G4): the work is billing.alerts'; the task adds the retries.
+# Budget alerts (G4): the work is billing.budgets.alerts'; the task adds the retries.
 
 
 @shared_task(bind=True, name="billing.tasks.deliver_budget_alert", ignore_result=True, max_retries=None)

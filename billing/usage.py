@@ -42,7 +42,7 @@ from typing import Any
 from django.db.models import F, Q
 from django.utils import timezone
 
-from billing.budget_status import standings
+from billing.budgets.status import standings
 from billing.exports import utc_iso
 from billing.models import Budget, RequestLog
 from core.errors import ErrorKind, GatewayError

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.http import QueryDict
 from django.utils import timezone
 
-from billing.budget_windows import BadPeriod, parse_period
+from billing.budgets.windows import BadPeriod, parse_period
 from billing.models import Budget
 from console.allowance import RATE_LIMITS, Allowance, allowance
 from console.models import TenantMembership

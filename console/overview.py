@@ -17,7 +17,7 @@ from decimal import Decimal
 from django.db.models import F, Sum
 from django.db.models.functions import Coalesce, TruncDate
 
-from billing.budget_status import Standing, standings
+from billing.budgets.status import Standing, standings
 from billing.models import Budget, RequestLog
 from hopbase.models import ApiKey, Tenant
 

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from billing.budget_status import standings
+from billing.budgets.status import standings
 from billing.ledger import TopUpMismatch, top_up_once, topped_up
 from core.money import usd_text
 from hopbase import audit  # noqa: F401  (registers the admin log's read-only view)

@@ -137,7 +137,7 @@ HOPBASE_MAX_UNSENT_BYTES = env_int("HOPBASE_MAX_UNSENT_BYTES", 4 * 1024 * 1024, 
 HOPBASE_BREAKER_FAILURES = env_int("HOPBASE_BREAKER_FAILURES", 3, minimum=1)
 HOPBASE_BREAKER_COOLDOWN = env_seconds("HOPBASE_BREAKER_COOLDOWN", 5)
 HOPBASE_BREAKER_MAX_COOLDOWN = env_seconds("HOPBASE_BREAKER_MAX_COOLDOWN", 300)
-# Budget alert webhooks (G4, billing.alerts): the deadline of one delivery
+# Budget alert webhooks (G4, billing.budgets.alerts): the deadline of one delivery
 # attempt, the delay before the first retry (doubled after each failure, at
 # most 10 minutes), and the retries before an undelivered alert is given up
 # (10: about 40 minutes of trying at the defaults).

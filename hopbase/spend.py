@@ -8,7 +8,7 @@ its key's tokens per minute, held from admission until it ends.
       answer it asks for (``n``, ``candidateCount``) at its output cap, or at
       the model's ceiling where it names none, at the model's price, the
       tenant's multiplier applied -> one reservation across all of them
-      (``billing.budget_store``: Redis, or this process), or a refusal
+      (``billing.budgets.store``: Redis, or this process), or a refusal
       before any channel is called (429 ``budget_exceeded``, naming the
       budget and when its window resets). Then the key's TPM
       (``hopbase.token_limits``), counted the same way in tokens.
@@ -16,7 +16,7 @@ its key's tokens per minute, held from admission until it ends.
       settlement will make of the request's record (cancelled and stalled
       ones included) and the TPM count corrected; a window that first
       crosses its alert threshold, or is exhausted, raises its alert
-      (``billing.alerts``, off the request path).
+      (``billing.budgets.alerts``, off the request path).
 
 A request whose budgets cannot be checked (Redis unreachable, D3) is
 refused in its caller's format with a retry-after: an outage must not let
@@ -36,10 +36,10 @@ from decimal import Decimal
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from billing.alerts import raise_alert
-from billing.budget_spend import spent_in
-from billing.budget_store import Line, LocalBudgetStore, RedisBudgetStore, Settled, from_units, to_units
-from billing.budget_windows import describe, window_at
+from billing.budgets.alerts import raise_alert
+from billing.budgets.spend import spent_in
+from billing.budgets.store import Line, LocalBudgetStore, RedisBudgetStore, Settled, from_units, to_units
+from billing.budgets.windows import describe, window_at
 from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import AlertType, Budget, ModelPrice

@@ -1,4 +1,4 @@
-"""Budget alerts in the admin (billing.admin_alerts): operators and finance
+"""Budget alerts in the admin (billing.budgets.admin_alerts): operators and finance
 read each alert and its delivery attempts, and nobody adds, changes or
 deletes one; staff without the roles' permissions see nothing. Through a
 real login with CSRF checks on, as tests/test_roles.py drives the admin."""
@@ -12,8 +12,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from billing.alerts import record_alert
-from billing.budget_windows import window_at
+from billing.budgets.alerts import record_alert
+from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from hopbase.roles import ROLES
 from tests.support.factories import make_key, make_tenant

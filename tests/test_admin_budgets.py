@@ -1,4 +1,4 @@
-"""The admin's budgets (billing.admin_budgets, rule G6) as staff use it, with
+"""The admin's budgets (billing.budgets.admin, rule G6) as staff use it, with
 a real login and CSRF checks on: operators add, change and delete budgets;
 finance reads them and changes nothing; each row shows its window, spent,
 reserved and limit with a bar; the list's queries do not grow with its rows;
@@ -14,8 +14,8 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
-from billing import budget_store
-from billing.budget_windows import window_at
+from billing.budgets import store as budget_store
+from billing.budgets.windows import window_at
 from billing.models import Budget
 from tests.support.factories import make_key, make_log, make_tenant
 from tests.support.staff_checks import create_staff, log_in, post

@@ -1,4 +1,4 @@
-"""Budget alerts (G4, billing.alerts and billing.tasks.deliver_budget_alert)
+"""Budget alerts (G4, billing.budgets.alerts and billing.tasks.deliver_budget_alert)
 against a real webhook receiver: a threaded HTTP server on 127.0.0.1 that
 records what it is sent and answers as each test scripts it (a 500 first,
 or taking the request and answering after the client's deadline).
@@ -37,9 +37,9 @@ from celery import Celery
 from django.db import connections
 from django.utils import timezone
 
-from billing import alerts
-from billing.alerts import AlertDispatcher, Delivery, attempt_delivery, raise_alert, record_alert, retry_delay
-from billing.budget_windows import window_at
+from billing.budgets import alerts
+from billing.budgets.alerts import AlertDispatcher, Delivery, attempt_delivery, raise_alert, record_alert, retry_delay
+from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from billing.tasks import deliver_budget_alert
 from hopbase.models import ApiKey, Tenant

@@ -1,4 +1,4 @@
-"""Where budgets stand (billing.budget_status): spent for many budgets in one
+"""Where budgets stand (billing.budgets.status): spent for many budgets in one
 query equals budget_spend.spent_in of each, whatever their scope and window;
 reserved is the gateway's (budget_store), unknown when Redis does not answer;
 each budget's G6 object."""
@@ -11,10 +11,10 @@ from decimal import Decimal
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from billing import budget_status, budget_store
-from billing.budget_spend import spent_in
-from billing.budget_status import spent_by_budget, standings
-from billing.budget_windows import window_at
+from billing.budgets import status as budget_status, store as budget_store
+from billing.budgets.spend import spent_in
+from billing.budgets.status import spent_by_budget, standings
+from billing.budgets.windows import window_at
 from billing.models import Budget
 from core.money import round_charge, usd_text
 from tests.support.factories import make_key, make_log, make_tenant

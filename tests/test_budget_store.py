@@ -4,7 +4,7 @@ window is seeded once from the ledger; a charge replaces its reservation;
 alerts are called for once per window; a reservation its process stops
 renewing lapses (a killed process holds no budget for ever).
 
-Mirrors billing/budget_store.py. The Redis cases run on the Redis the suite
+Mirrors billing/budgets/store.py. The Redis cases run on the Redis the suite
 uses (REDIS_URL, else 127.0.0.1:6379), in keys of their own.
 """
 
@@ -21,8 +21,8 @@ from decimal import Decimal
 import pytest
 import redis
 
-from billing.budget_store import Line, LocalBudgetStore, RedisBudgetStore, from_units, reserved_usd, to_units
-from billing.budget_windows import window_at
+from billing.budgets.store import Line, LocalBudgetStore, RedisBudgetStore, from_units, reserved_usd, to_units
+from billing.budgets.windows import window_at
 from tests.support.processes import ROOT
 
 NOW = datetime(2026, 12, 5, 21, 30, tzinfo=UTC)
@@ -157,8 +157,8 @@ import asyncio, os, sys, django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hopbase.settings")
 django.setup()
 from datetime import datetime, timezone
-from billing.budget_store import Line, RedisBudgetStore
-from billing.budget_windows import window_at
+from billing.budgets.store import Line, RedisBudgetStore
+from billing.budgets.windows import window_at
 line = Line(int(sys.argv[2]), window_at("1d", datetime.fromisoformat(sys.argv[3])), 100)
 admission = asyncio.run(RedisBudgetStore(sys.argv[1]).reserve([line], "held-by-the-dead", 100, {line.budget_id: 0}))
 print("reserved" if admission.refused is None else "refused", flush=True)

@@ -1,7 +1,7 @@
 """A budget's period and its windows (rule G1, G3), on an injected clock:
 the hour, the UTC day, the ISO week from Monday, the calendar month (leap
 years and December included), ``total``, and periods in seconds aligned to
-the Unix epoch. Mirrors billing/budget_windows.py."""
+the Unix epoch. Mirrors billing/budgets/windows.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from billing.budget_windows import EPOCH, BadPeriod, describe, parse_period, window_at
+from billing.budgets.windows import EPOCH, BadPeriod, describe, parse_period, window_at
 
 
 def at(text: str) -> datetime:

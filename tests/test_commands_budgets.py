@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from billing import budget_store
-from billing.budget_windows import window_at
+from billing.budgets import store as budget_store
+from billing.budgets.windows import window_at
 from billing.exports import utc_iso
 from billing.models import Budget
 from core.encryption import looks_like_token

@@ -4,7 +4,7 @@ terms when one has no room, and its charge replaces the reservation when it
 ends, whatever the ending; thresholds and exhaustion raise their alerts;
 budgets that cannot be checked refuse rather than let spend through.
 
-Mirrors hopbase/spend.py, on the in-process store (billing.budget_store has
+Mirrors hopbase/spend.py, on the in-process store (billing.budgets.store has
 the Redis semantics); the same through a gateway is test_spend_gateway.py.
 """
 
@@ -18,7 +18,7 @@ from decimal import Decimal
 import pytest
 import redis as redis_lib
 
-from billing.budget_store import LocalBudgetStore, RedisBudgetStore, from_units
+from billing.budgets.store import LocalBudgetStore, RedisBudgetStore, from_units
 from billing.finished import Finished
 from billing.models import AlertType, Budget
 from core import snapshots

@@ -19,8 +19,8 @@ import httpx
 import pytest
 import redis
 
-from billing.budget_spend import spent_in
-from billing.budget_windows import window_at
+from billing.budgets.spend import spent_in
+from billing.budgets.windows import window_at
 from billing.ledger import top_up
 from billing.models import Budget, ModelPrice, RequestLog
 from channels_pool.models import Channel

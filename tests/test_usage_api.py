@@ -18,7 +18,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from billing.budget_windows import window_at
+from billing.budgets.windows import window_at
 from billing.exports import utc_iso
 from billing.ledger import top_up
 from billing.models import Budget

@@ -1,5 +1,5 @@
 """Staff roles with budget alerts (G4): operators and finance view the alerts
-and their delivery attempts (billing.admin_alerts). The groups are set again
+and their delivery attempts (billing.budgets.admin_alerts). The groups are set again
 to exactly these tables; undone, they go back to 0006's."""
 
 import importlib

@@ -8,7 +8,7 @@ budget with the keys ``scope`` (``tenant`` or ``key``), ``tenant``,
 ``window_end`` (null for ``total``), ``limit_usd``, ``spent_usd`` and
 ``reserved_usd``: amounts as exact decimal strings, times ISO 8601 UTC.
 Spent is the sum of ``charge_usd`` that ``exportbilling`` gives for the same
-rows (billing.budget_spend). A webhook's secret is never shown.
+rows (billing.budgets.spend). A webhook's secret is never shown.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.core.management.base import CommandError
 from django.db.models import F
 from django.utils import timezone
 
-from billing.budget_status import Standing, standings
+from billing.budgets.status import Standing, standings
 from billing.models import Budget
 from core.commands import OperatorCommand, find_tenant
 from core.money import usd_text

@@ -26,8 +26,8 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from billing.budget_options import parse_budget_period, parse_percent, validate_webhook
-from billing.budget_windows import describe, window_at
+from billing.budgets.options import parse_budget_period, parse_percent, validate_webhook
+from billing.budgets.windows import describe, window_at
 from billing.exports import utc_iso
 from billing.models import Budget
 from core import audit

@@ -20,8 +20,8 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from billing.budget_windows import describe
-from billing.budget_options import parse_budget_period
+from billing.budgets.windows import describe
+from billing.budgets.options import parse_budget_period
 from billing.models import Budget
 from core import audit
 from core.commands import OperatorCommand, checked, find_tenant, parse_moment, parse_optional_positive, parse_usd

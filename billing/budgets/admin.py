@@ -10,7 +10,7 @@ once: the admin shows neither the secret nor a way to set one, since a page
 or a message cookie would keep it.
 
 The list computes spend for the whole page in one query
-(billing.budget_status), so its query count does not grow with its rows.
+(billing.budgets.status), so its query count does not grow with its rows.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.utils import timezone
 from django.utils.html import format_html
 
-from billing.budget_status import Standing, standings
-from billing.budget_windows import BadPeriod, Window, parse_period
+from billing.budgets.status import Standing, standings
+from billing.budgets.windows import BadPeriod, Window, parse_period
 from billing.models import Budget
 from core.money import usd_text
 

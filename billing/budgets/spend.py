@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from django.db.models import Q, Sum
 
-from billing.budget_windows import Window, window_at
+from billing.budgets.windows import Window, window_at
 from billing.models import Budget, RequestLog
 
 

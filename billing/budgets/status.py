@@ -5,7 +5,7 @@ admin's budget list, ``budgets`` and ``GET /v1/usage`` show them.
 Spent is budget_spend's number (the settled charges of the scope's requests
 made in the window: the rows and amounts of the export), summed for many
 budgets in one query, so a page of budgets costs one query whatever its
-length. Reserved is the gateway's (billing.budget_store): with Redis every
+length. Reserved is the gateway's (billing.budgets.store): with Redis every
 process's open reservations; without it 0, since each process keeps its own
 out of sight. Redis out of reach makes it unknown (None) rather than failing
 the page that shows it.
@@ -26,9 +26,9 @@ from typing import Any
 from django.db.models import Sum
 from redis.exceptions import RedisError
 
-from billing import budget_store
-from billing.budget_spend import spend_filter
-from billing.budget_windows import Window, window_at
+from billing.budgets import store as budget_store
+from billing.budgets.spend import spend_filter
+from billing.budgets.windows import Window, window_at
 from billing.exports import utc_iso
 from billing.models import Budget, RequestLog
 from core import loggers

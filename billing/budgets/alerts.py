@@ -25,7 +25,7 @@ process is posting right now.
 With REDIS_URL a Celery worker delivers and its retries wait in the broker.
 Without it (Celery eager) the gateway's own dispatcher thread delivers, one
 alert at a time, and keeps the retries in memory: a restart forgets them,
-and the alert stays undelivered in the admin (billing.admin_alerts).
+and the alert stays undelivered in the admin (billing.budgets.admin_alerts).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
-from billing.budget_windows import Window
+from billing.budgets.windows import Window
 from billing.exports import utc_iso
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from core import loggers

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.core.validators import URLValidator
 
-from billing.budget_windows import BadPeriod, parse_period
+from billing.budgets.windows import BadPeriod, parse_period
 from billing.models import Budget
 
 WEBHOOK_MAX_LENGTH = Budget._meta.get_field("webhook_url").max_length

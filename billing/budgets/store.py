@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from billing.budget_windows import Window
+from billing.budgets.windows import Window
 from core import loggers
 from core.dependencies import REDIS_TIMEOUT, LoopRedis, sync_redis
 
