@@ -265,18 +265,9 @@ def _end_head(channel, answer: bytes, why: str) -> None:
     channel.dataReceived = channel.lineReceived = _drop  # nothing more of it is parsed
     peer = getattr(channel.transport.getPeer(), "host", "?")
     log.info("a request head was refused: %s (from %s)", why, peer)
-    transport = channel.transport
-    transport.write(answer)
-    # Closed at once, with the client's head still arriving, the connection could be reset over the answer:
-    # the sending side first, the connection LINGER_SECONDS later (unless the client closed first).
-    try:
-        transport.loseWriteConnection()
-    except (AttributeError, NotImplementedError):
-        transport.loseConnection()
-        return
-    from twisted.internet import reactor
-
-    reactor.callLater(LINGER_SECONDS, transport.loseConnection)
+    channel.transport.write(answer)
+    # Closed at once, with the client's head still arriving, the connection could be reset over the answer.
+    _linger(channel.transport)
 
 
 def _drop(*args: object) -> None:
@@ -294,10 +285,16 @@ def _close_after_answer(channel) -> None:
     """``HTTPChannel.loseConnection`` for a refused request's connection:
     the answer, then the end of what is sent, then (LINGER_SECONDS later,
     unless the client closed first) the connection."""
+    channel._networkProducer.unregisterProducer()
+    _linger(channel.transport)
+
+
+def _linger(transport) -> None:
+    """End what is sent, then the connection LINGER_SECONDS later (unless
+    the client closed first), so that the client reads the answer before
+    what it still sends is refused."""
     from twisted.internet import reactor
 
-    transport = channel.transport
-    channel._networkProducer.unregisterProducer()
     try:
         transport.loseWriteConnection()
     except (AttributeError, NotImplementedError):
