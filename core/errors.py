@@ -97,6 +97,11 @@ class DatabaseUnavailable(GatewayError):
         )
 
 
+# The failure kind of a model its channel serves on OpenAI's Responses API
+# alone (it refused Chat Completions): the relay asks again there.
+RESPONSES_ONLY = "responses_only"
+
+
 @dataclass(frozen=True)
 class UpstreamFailure:
     """One attempt's failure. ``busy`` failures are overload or rate limits."""

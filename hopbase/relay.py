@@ -35,7 +35,14 @@ from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
 from channels_pool.upstream import Attempt, Signal
 from core import loggers
-from core.errors import CONTENT_FILTERED_MESSAGE, UPSTREAM_REJECTED_MESSAGE, ErrorKind, GatewayError, UpstreamFailure
+from core.errors import (
+    CONTENT_FILTERED_MESSAGE,
+    RESPONSES_ONLY,
+    UPSTREAM_REJECTED_MESSAGE,
+    ErrorKind,
+    GatewayError,
+    UpstreamFailure,
+)
 from core.surcharges import beta_surcharges, without
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
@@ -50,7 +57,6 @@ from hopbase.run import Run
 from hopbase.spend import Spend, Unmetered
 from hopbase.translation.base import Leg
 from hopbase.translation.embeddings import EmbeddingLegs
-from hopbase.protocols.openai_chat import RESPONSES_ONLY_KIND
 from hopbase.translation.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
 from hopbase.translation.neutral import CannotServe
 
@@ -243,7 +249,7 @@ class Relay:
                 # request's fault, whichever channel answers it, and never
                 # counted against the channel (a tenant could trip breakers).
                 raise self._state_not_found(run.api)
-            if outcome.kind == RESPONSES_ONLY_KIND and run.legs is not None:
+            if outcome.kind == RESPONSES_ONLY and run.legs is not None:
                 # The model refuses Chat Completions: learnt, and asked again on this channel in Responses.
                 learn_responses_only(channel, leg.facts.model)
                 try:

@@ -130,11 +130,11 @@ def test_a_conversation_with_tool_turns_is_written_as_responses_items():
 
 def test_only_openais_own_words_about_the_model_make_it_responses_only():
     from hopbase.protocols import CHAT
-    from hopbase.protocols.openai_chat import RESPONSES_ONLY_KIND
+    from core.errors import RESPONSES_ONLY
 
     own = b'{"error": {"message": "This model is only supported in v1/responses and not in v1/chat/completions.", ' \
           b'"type": "invalid_request_error", "param": "model", "code": null}}'
     quoted = b'{"error": {"message": "Unrecognized request argument supplied: only supported in v1/responses", ' \
              b'"type": "invalid_request_error", "param": null, "code": null}}'
-    assert CHAT.upstream_failure(400, own, None).kind == RESPONSES_ONLY_KIND
-    assert CHAT.upstream_failure(400, quoted, None).kind != RESPONSES_ONLY_KIND  # a tenant's own field name
+    assert CHAT.upstream_failure(400, own, None).kind == RESPONSES_ONLY
+    assert CHAT.upstream_failure(400, quoted, None).kind != RESPONSES_ONLY  # a tenant's own field name

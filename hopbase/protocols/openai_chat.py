@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from channels_pool.kinds import Call, Operation
-from core.errors import ErrorKind, GatewayError, UpstreamFailure
+from core.errors import RESPONSES_ONLY, ErrorKind, GatewayError, UpstreamFailure
 from core.sse import Event
 from core.surcharges import Surcharge, openai_surcharges
 from core.usage import plausible_usage
@@ -65,8 +65,7 @@ def openai_error_is_busy(error: Any) -> bool:
 
 # OpenAI's refusal of Chat Completions for a model it serves on Responses alone
 # ("This model is only supported in v1/responses and not in v1/chat/completions.").
-RESPONSES_ONLY = b"only supported in v1/responses"
-RESPONSES_ONLY_KIND = "responses_only"
+RESPONSES_ONLY_WORDS = b"only supported in v1/responses"
 
 
 def refuses_chat_for_the_model(body: bytes) -> bool:
@@ -248,10 +247,10 @@ class ChatCompletions(OpenAIApi):
         return whole_number(facts.body.get("n")) or 1
 
     def upstream_failure(self, status: int, body: bytes, retry_after: int | None) -> UpstreamFailure:
-        if status == 400 and RESPONSES_ONLY in body and refuses_chat_for_the_model(body):
+        if status == 400 and RESPONSES_ONLY_WORDS in body and refuses_chat_for_the_model(body):
             # The model is served on the Responses API alone (the gpt-5-codex class): not the
             # request's fault nor the channel's; the relay reaches it there (translation.legs).
-            return UpstreamFailure(RESPONSES_ONLY_KIND, status, channel_fault=False)
+            return UpstreamFailure(RESPONSES_ONLY, status, channel_fault=False)
         return super().upstream_failure(status, body, retry_after)
 
     def surcharges(self, facts: RequestFacts, client_headers: dict[str, str]) -> list[Surcharge]:

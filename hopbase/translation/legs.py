@@ -168,7 +168,7 @@ def learn_responses_only(channel: ChannelInfo, model: str) -> None:
                     "(mark it Responses-only on the channel to keep it so)", channel.name, model)
 
 
-TOO_DEEP = "The request is nested too deeply to be translated for this model's channels (255 levels at most)."
+TOO_DEEP = "The request is nested too deeply to be sent on to a model provider (255 levels at most)."
 
 
 def legs_for(api: Api, facts: RequestFacts, request_id: str) -> Legs | EmbeddingLegs:
