@@ -28,7 +28,7 @@ from django.db import connection, models, transaction
 
 from billing.models import Budget, LedgerEntry, RequestLog
 from channels_pool.models import Channel
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 DAYS = 45
 SEED = 29

@@ -114,7 +114,7 @@ def make_world(simulator_url: str, key_concurrency: int, channel_concurrency: in
     from billing.ledger import top_up
     from billing.models import ModelPrice
     from channels_pool.models import Channel
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     base = random.SystemRandom().randrange(10**12, 2 * 10**12, 100)
     tenant = Tenant.objects.create(name=f"soak-{base}")

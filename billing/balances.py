@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.snapshots import Snapshot
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 def load_exhausted_tenants() -> frozenset[int]:

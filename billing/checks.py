@@ -25,7 +25,7 @@ from django.db.models.functions import Coalesce
 
 from billing.models import USD, LedgerEntry, RequestLog
 from core.money import usd_text
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 CHUNK_SIZE = 2000
 

@@ -35,7 +35,7 @@ from django.db.models import QuerySet
 
 from billing.models import RequestLog
 from core.money import usd_text
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 COLUMNS = (
     "request_id", "created_at", "tenant", "api_key", "model", "channel", "protocol", "stream", "status",

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.models import LedgerEntry, RequestLog
 from core.money import usd_text
 from core.row_insert import insert_rows
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 @transaction.atomic

@@ -15,7 +15,7 @@ from channels_pool.models import Channel
 from core.encryption import EncryptedTextField
 from core.row_insert import insert_rows
 from core.vocabulary import RequestStatus
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 USD = {"max_digits": 20, "decimal_places": 10}
 PRICE = {"max_digits": 14, "decimal_places": 6}

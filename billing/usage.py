@@ -49,7 +49,7 @@ from core.errors import ErrorKind, GatewayError
 from core.moments import utc_moment
 from core.money import usd_text
 from core.snapshots import refresh_connection
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100

@@ -41,7 +41,7 @@ from channels_pool.models import STATE_ID_MAX_LENGTH, Channel, ProviderState
 from core import loggers
 from core.errors import DatabaseUnavailable
 from core.snapshots import database_call
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 log = logging.getLogger(loggers.PROVIDER_STATE)
 

@@ -21,8 +21,15 @@ from typing import Protocol
 
 import httpx
 
-from channels_pool.http_client import TRANSPORT_ERRORS, chunk_reader, open_response, parsed_url
-from channels_pool.http_client import read_up_to, retry_after_seconds, timed_out
+from channels_pool.http_client import (
+    TRANSPORT_ERRORS,
+    chunk_reader,
+    open_response,
+    parsed_url,
+    read_up_to,
+    retry_after_seconds,
+    timed_out,
+)
 from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from channels_pool.masking import masked, provider_words
 from channels_pool.parts import read_in_parts

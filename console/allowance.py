@@ -24,7 +24,7 @@ from decimal import Decimal
 
 from billing.models import Budget
 from channels_pool.models import Channel
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 RATE_LIMITS = ("rpm", "tpm", "concurrency")
 

@@ -33,7 +33,7 @@ from django.utils import timezone
 from console.mail import configured, send
 from console.members import MemberError, add_member, normal_email
 from console.models import Invitation, Role, TenantMembership
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 class InvitationRefused(Exception):

@@ -21,7 +21,7 @@ from billing.budgets.windows import BadPeriod, parse_period
 from billing.models import Budget
 from console.allowance import RATE_LIMITS, Allowance, allowance
 from console.models import TenantMembership
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 LABEL_MAX_LENGTH = ApiKey._meta.get_field("label").max_length
 LIMIT_NAMES = {"rpm": "RPM", "tpm": "TPM", "concurrency": "Concurrency"}

@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from billing.models import RequestLog
 from console import filters
 from core.vocabulary import RequestStatus
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 PAGE_SIZE = 50
 # What a row of the list or the detail page shows: no channel, no provider ids.

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from django.conf import settings
 from django.core.mail import send_mail
+
 from core import loggers
 
 log = logging.getLogger(loggers.CONSOLE_MAIL)

@@ -16,7 +16,7 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 
 from console.models import Role, TenantMembership
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 class MemberError(Exception):

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 class Role(models.TextChoices):

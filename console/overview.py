@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce, TruncDate
 
 from billing.budgets.status import Standing, standings
 from billing.models import Budget, RequestLog
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 DAYS = 30
 TOP = 10  # models and keys shown; the rest are in the logs

@@ -1,5 +1,5 @@
 """Signing in to the console by email and password (K1), throttled like the
-admin's login (hopbase.staff_login's counters: failures per email and per
+admin's login (tenants.staff_login's counters: failures per email and per
 client address, held in Django's cache), and with a session that ends after
 HOPBASE_CONSOLE_SESSION_AGE seconds (K4).
 """
@@ -16,8 +16,8 @@ from django.http import HttpRequest
 
 from console.models import TenantMembership
 from core import loggers
-from hopbase.client_address import client_address
-from hopbase.staff_login import WINDOW, clear_username, locked, record_failure
+from core.client_address import client_address
+from tenants.staff_login import WINDOW, clear_username, locked, record_failure
 
 logger = logging.getLogger(loggers.CONSOLE_SIGNIN)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from billing.exports import csv_lines, export_queryset, export_rows
 from billing.models import LedgerEntry
 from console import filters
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 PAGE_SIZE = 50
 SHOWN = ("id", "created_at", "kind", "amount_usd", "balance_after_usd", "note", "request_log__request_id")

@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.moments import utc_moment
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 # Column limits: billing.models.USD (20, 10) and PRICE (14, 6); a
 # PositiveIntegerField or IntegerField on PostgreSQL is 32-bit.

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
+
 from core import loggers
 
 log = logging.getLogger(loggers.DEPENDENCIES)

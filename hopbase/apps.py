@@ -6,7 +6,10 @@ from django.db import close_old_connections
 
 class HopbaseConfig(AppConfig):
     name = "hopbase"
-    verbose_name = "Tenants and keys"
+    # "hopbase" is the tenants app's label (tenants.apps); the project's own
+    # app holds no models, only the admin's registrations and operator commands.
+    label = "project"
+    verbose_name = "HopBase"
 
     def ready(self) -> None:
         # Django closes stale database connections around every request, in

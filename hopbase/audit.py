@@ -3,7 +3,7 @@
 Every change made through the admin's forms is logged by Django itself with
 the staff user who made it; the admin's own actions (a top-up, revoking
 keys, enabling or disabling channels) log theirs with ``log_change``. Staff
-with ``admin.view_logentry`` (operator and finance, hopbase.roles) read it
+with ``admin.view_logentry`` (operator and finance, tenants.roles) read it
 here; nobody edits or deletes it through the admin.
 """
 

@@ -5,7 +5,7 @@ the database for a key it has just seen.
 A key past its expiry date (``ApiKey.expires_at``) is refused like a
 revoked one, from that very moment: the cached copy carries the date. A
 revocation reaches every process at once through Redis
-(hopbase.revocations: ``KeyCache.refuse`` marks the cached copy refused);
+(tenants.revocations: ``KeyCache.refuse`` marks the cached copy refused);
 where that message is missed, a revoked key keeps working for at most
 HOPBASE_CONFIG_TTL seconds (5 by default) in each process that had it
 cached. Both caches (keys found, keys not found) are bounded and let the
@@ -37,8 +37,8 @@ from core.dependencies import database
 from core.errors import DatabaseUnavailable
 from core.snapshots import Flights, database_call, in_background, stale_max_age
 from core.vocabulary import ApiName, RequestStatus
-from hopbase import revocations
-from hopbase.models import KEY_PREFIX, ApiKey, hash_secret
+from tenants import revocations
+from tenants.models import KEY_PREFIX, ApiKey, hash_secret
 
 # Bound the cache so a flood of random keys cannot grow it without limit;
 # keys found to be unknown have a bound of their own, so that such a flood
@@ -252,3 +252,4 @@ class KeyCache:
 
 
 keys = KeyCache()
+revocations.keep_told(keys.refuse)

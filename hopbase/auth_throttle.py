@@ -2,7 +2,7 @@
 authentication from one address"): request -> *auth*.
 
 Counted in fixed windows of HOPBASE_AUTH_FAILURE_WINDOW seconds, by the
-address ``hopbase.client_address`` gives (``X-Forwarded-For`` only from
+address ``core.client_address`` gives (``X-Forwarded-For`` only from
 HOPBASE_TRUSTED_PROXIES). Once an address has failed HOPBASE_AUTH_FAILURES
 times in a window, a request from it is refused with 429 in its caller's
 format, ``retry-after`` the rest of the window, before its key is looked up:

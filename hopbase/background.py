@@ -10,7 +10,7 @@ request (``hopbase.asgi.ApiHandler.__call__`` calls ``ensure_started()``):
   beat (billing.jobs, every HOPBASE_SWEEP_INTERVAL s);
 - with REDIS_URL, the listener for key revocations, which marks a revoked
   key refused in this process's cache the moment it is announced
-  (hopbase.revocations; not periodic: subscribed for as long as it runs).
+  (tenants.revocations; not periodic: subscribed for as long as it runs).
 
 Each runs on a daemon thread of its own (core.periodic), apart from the
 request-log writer (billing.recorder), so a database outage waited out by
@@ -32,11 +32,11 @@ from typing import Protocol
 from billing.jobs import settlement_sweep, spool_replayer
 from channels_pool.jobs import health_writer, provider_state_writer
 from hopbase.key_usage import key_usage_writer
-from hopbase.revocations import listener
+from tenants.revocations import listener
 
 
 class Job(Protocol):
-    """What a background job offers (core.periodic.Periodic, hopbase.revocations.Subscriber)."""
+    """What a background job offers (core.periodic.Periodic, tenants.revocations.Subscriber)."""
 
     name: str
 

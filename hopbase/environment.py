@@ -141,7 +141,7 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 def env_networks(name: str) -> tuple[str, ...]:
-    """A comma list of addresses or CIDR networks (hopbase.client_address)."""
+    """A comma list of addresses or CIDR networks (core.client_address)."""
     raw = os.environ.get(name, "")
     try:
         return tuple(str(ipaddress.ip_network(e.strip(), strict=False)) for e in raw.split(",") if e.strip())

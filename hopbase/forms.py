@@ -8,7 +8,7 @@ from decimal import Decimal
 from django import forms
 
 from core.model_names import ModelListField
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 
 
 class ApiKeyForm(forms.ModelForm):

@@ -22,13 +22,13 @@ from django.views.decorators.csrf import csrf_exempt
 from billing.balances import balances
 from billing.pricing import prices
 from channels_pool.selection import directory
+from core.client_address import client_address
 from core.errors import ErrorKind, GatewayError
 from core.vocabulary import ApiName, RequestStatus
 from hopbase import gateway, key_usage
 from hopbase.auth import Caller, key_from_request, keys
 from hopbase.auth_throttle import THROTTLED_MESSAGE, failures
 from hopbase.body_keys import repeated_key
-from hopbase.client_address import client_address
 from hopbase.metrics import refusals_total
 from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.reply import Reply, error_reply

@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db import transaction
 
 from core.periodic import Periodic
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 
 KEY_USAGE_INTERVAL = 5.0
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+
 from core import loggers
 
 log = logging.getLogger(loggers.RELAY)

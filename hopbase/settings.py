@@ -103,7 +103,7 @@ HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, min
 HOPBASE_HEAD_TIMEOUT = env_seconds("HOPBASE_HEAD_TIMEOUT", 60)
 # How long a key, channel list or price list is trusted before the database is
 # asked again. A revoked key is refused at once where Redis carries the news
-# (hopbase.revocations), within this many seconds where it does not.
+# (tenants.revocations), within this many seconds where it does not.
 HOPBASE_CONFIG_TTL = env_seconds("HOPBASE_CONFIG_TTL", 5)
 # While the database is unreachable, how long a key, channel list or price
 # list already known is still served (D3); a key never seen gets a 503. With
@@ -153,6 +153,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "tenants",
     "hopbase",
     "channels_pool",
     "billing",

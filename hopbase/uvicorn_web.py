@@ -235,7 +235,7 @@ def serve(application: Any, listener: socket.socket, keep_alive: float, backlog:
         lifespan="off",  # Django has no lifespan handler
         log_config=None,  # Django's LOGGING, set up by hopbase.asgi
         access_log=False,  # HopBase logs each request itself; a line here would print Gemini's ?key=
-        proxy_headers=False,  # the client's address is hopbase.client_address's to decide (trusted proxies)
+        proxy_headers=False,  # the client's address is core.client_address's to decide (trusted proxies)
         server_header=False,
         backlog=backlog,  # the loop listens on the socket again, with this
         timeout_keep_alive=keep_alive,  # type: ignore[arg-type]

@@ -23,8 +23,8 @@ pytest.register_assert_rewrite(
     "tests.support.protocol_checks", "tests.support.command_checks", "tests.support.settlement_checks", "tests.support.relay_checks", "tests.support.relay_fakes"
 )
 
-from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from hopbase import collector  # noqa: E402
+from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from tests.support.processes import Service, start_gateway, start_simulator  # noqa: E402
 
 # Requests served in this process (hopbase.asgi's handler, called directly)
@@ -237,7 +237,7 @@ def world(django_db_setup, django_db_blocker, simulator) -> World:
     from billing.ledger import top_up
     from billing.models import ModelPrice
     from channels_pool.models import Channel
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     with django_db_blocker.unblock():
         acme = Tenant.objects.create(name="acme-gateway")

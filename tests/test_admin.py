@@ -13,7 +13,7 @@ from billing.admin import EstimatedCountPaginator
 from billing.ledger import post_entry, sum_of_entries, top_up
 from billing.models import Budget, LedgerEntry, ModelPrice, RequestLog
 from channels_pool.models import Channel, ChannelHealth
-from hopbase.models import ApiKey, Tenant, hash_secret
+from tenants.models import ApiKey, Tenant, hash_secret
 from tests.support.factories import make_channel, make_key, make_log, make_price, make_tenant
 
 pytestmark = pytest.mark.django_db
@@ -359,7 +359,7 @@ def test_saving_a_tenant_in_the_admin_never_writes_its_balance_back():
     from django.contrib.admin.sites import site
 
     from billing.ledger import sum_of_entries, top_up
-    from hopbase.models import Tenant
+    from tenants.models import Tenant
 
     tenant = Tenant.objects.create(name="racing")
     stale = Tenant.objects.get(pk=tenant.pk)  # what the admin read at the start of its request

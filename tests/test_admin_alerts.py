@@ -15,7 +15,7 @@ from django.urls import reverse
 from billing.budgets.alerts import record_alert
 from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
-from hopbase.roles import ROLES
+from tenants.roles import ROLES
 from tests.support.factories import make_key, make_tenant
 from tests.support.staff_checks import PASSWORD, browser, create_staff, log_in, post
 

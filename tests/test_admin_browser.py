@@ -20,7 +20,7 @@ from billing.exports import COLUMNS
 from billing.models import RequestLog
 from channels_pool.models import Channel, ChannelHealth
 from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.browser import (
     column_visible,
     committed_rows,

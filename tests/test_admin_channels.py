@@ -27,8 +27,8 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from billing.models import LedgerEntry, RequestLog
-from channels_pool.models import Channel, ChannelHealth
 from channels_pool.masking import MASK, masked
+from channels_pool.models import Channel, ChannelHealth
 from simulator import (
     SIM_AWS_ACCESS_KEY_ID,
     SIM_AWS_SECRET_ACCESS_KEY,

@@ -42,7 +42,7 @@ from billing.budgets.alerts import AlertDispatcher, Delivery, attempt_delivery, 
 from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from billing.tasks import deliver_budget_alert
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 from tests.support.factories import make_key, make_tenant, unique
 from tests.test_settlement_worker import Worker, worker_redis_url
 

@@ -24,7 +24,7 @@ from billing.models import Budget, LedgerEntry, ModelPrice
 from channels_pool.models import Channel
 from console.models import TenantMembership
 from core import audit
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_channel, make_tenant
 

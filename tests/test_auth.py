@@ -19,9 +19,10 @@ from django.test import AsyncClient
 from core import dependencies, snapshots
 from core.dependencies import LoopRedis
 from core.errors import DatabaseUnavailable
-from hopbase import auth, revocations
+from hopbase import auth
 from hopbase.auth import Caller, KeyCache
-from hopbase.models import hash_secret
+from tenants import revocations
+from tenants.models import hash_secret
 
 KNOWN = "hb-known-key"
 OTHER = "hb-other-key"
@@ -263,7 +264,7 @@ def test_the_database_finds_no_expired_key():
 
     from django.utils import timezone
 
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     tenant = Tenant.objects.create(name="expiring")
     _, past = ApiKey.objects.issue(tenant, expires_at=timezone.now() - timedelta(seconds=1))
@@ -281,7 +282,7 @@ def test_the_database_finds_no_expired_key():
 def test_a_rotated_keys_old_secret_is_loaded_with_its_own_prefix_and_the_grace_as_its_end():
     from datetime import timedelta
 
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     key, old = ApiKey.objects.issue(Tenant.objects.create(name="rotating"))
     new = key.rotate(timedelta(minutes=10))
@@ -291,7 +292,7 @@ def test_a_rotated_keys_old_secret_is_loaded_with_its_own_prefix_and_the_grace_a
     assert previous.expires_at == pytest.approx(key.previous_until.timestamp()) and current.expires_at is None
 
 
-# -- revocations announced through Redis (hopbase.revocations) -----------
+# -- revocations announced through Redis (tenants.revocations) -----------
 
 
 class Markers:

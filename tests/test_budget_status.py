@@ -11,7 +11,8 @@ from decimal import Decimal
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from billing.budgets import status as budget_status, store as budget_store
+from billing.budgets import status as budget_status
+from billing.budgets import store as budget_store
 from billing.budgets.spend import spent_in
 from billing.budgets.status import spent_by_budget, standings
 from billing.budgets.windows import window_at

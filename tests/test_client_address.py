@@ -1,4 +1,4 @@
-"""The client address the throttles count by (hopbase.client_address):
+"""The client address the throttles count by (core.client_address):
 X-Forwarded-For is believed only from a trusted proxy, and only its
 right-most hop that is not itself a trusted proxy."""
 
@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
-from hopbase.client_address import client_address, parse_networks, resolve
+from core.client_address import client_address, parse_networks, resolve
 from hopbase.settings import env_networks
 
 

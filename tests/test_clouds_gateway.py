@@ -28,12 +28,20 @@ import pytest
 from billing.models import LedgerEntry, RequestLog
 from billing.settlement import Outcome, settle
 from channels_pool.models import ChannelHealth
+from core.errors import CONTENT_FILTERED_MESSAGE
 from simulator import SIM_AWS_ACCESS_KEY_ID
 from simulator.cloud_auth import DEFAULT_TOKEN_TTL
-from core.errors import CONTENT_FILTERED_MESSAGE
-from tests.support.cloud_clients import AZURE_VERSION, frames
 from tests.conftest import AZURE_DEPLOYMENT, BEDROCK_CLAUDE, VERTEX_CLAUDE, VERTEX_GEMINI
-from tests.support.protocol_checks import RequestIds, anthropic_client, genai_client, new_tag, openai_client, prompt, words
+from tests.support.cloud_clients import AZURE_VERSION, frames
+from tests.support.protocol_checks import (
+    RequestIds,
+    anthropic_client,
+    genai_client,
+    new_tag,
+    openai_client,
+    prompt,
+    words,
+)
 from tests.support.relay_checks import GENERIC_ERROR, INTERRUPTED, TERMINALS, client_events, post, stream, stream_errors
 from tests.support.settlement_checks import wait_for
 from tests.support.translation_clients import CLIENT_APIS, NATIVE, ask, count_tokens

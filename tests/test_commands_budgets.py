@@ -21,7 +21,7 @@ from billing.exports import utc_iso
 from billing.models import Budget
 from core.encryption import looks_like_token
 from core.money import usd_text
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_key, make_log, make_tenant
 

@@ -21,8 +21,8 @@ from channels_pool.kinds import KINDS
 from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel
 from channels_pool.probe import probe_call
-from simulator import vertex_service_account
 from core import encryption
+from simulator import vertex_service_account
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_channel, make_price
 

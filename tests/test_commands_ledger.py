@@ -17,7 +17,7 @@ from django.utils import timezone
 from billing.exports import COLUMNS
 from billing.ledger import post_entry, sum_of_entries
 from billing.models import LedgerEntry
-from hopbase.models import Tenant
+from tenants.models import Tenant
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_channel, make_key, make_log, make_tenant
 

@@ -9,7 +9,7 @@ import pytest
 
 from billing.ledger import sum_of_entries
 from billing.models import LedgerEntry
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_tenant
 

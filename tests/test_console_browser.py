@@ -32,7 +32,7 @@ from django.utils import timezone
 from billing.ledger import top_up
 from console.models import TenantMembership
 from core.money import usd_text
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.browser import committed_rows, downloaded, live_admin, missing, screenshot, wait_for
 from tests.support.console_cast import PASSWORD, person
 from tests.support.console_gateway import MODEL, chat, chromium, customer, price_of, refusal, row_cells, settled

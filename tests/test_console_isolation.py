@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from billing.ledger import top_up
 from billing.models import RequestLog
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
 from tests.support.factories import make_key, make_log
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from billing.models import Budget
 from console import allowance as console_allowance
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.console_cast import cast, fast_passwords, signed_in  # noqa: F401 (a fixture)
 from tests.support.factories import make_channel, make_key
 

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from console.signin import THROTTLED, WRONG
-from hopbase import staff_login
+from tenants import staff_login
 from tests.support.console_cast import PASSWORD, cast, email
 
 pytestmark = pytest.mark.django_db

@@ -29,9 +29,9 @@ from google.genai import types as genai_types
 from billing.models import ModelPrice, RequestLog
 from billing.settlement import settle
 from channels_pool.models import Channel
+from core.usage import estimate_tokens
 from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
 from simulator.embeddings import DEFAULT_DIMENSIONS, vector
-from core.usage import estimate_tokens
 from tests.support.protocol_checks import genai_client, new_tag, openai_client, words
 from tests.support.wire import records, wait_for_log
 

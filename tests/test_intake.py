@@ -265,7 +265,7 @@ def test_healthz_answers_without_a_key_and_counts_unknown_keys(gateway):
 
 
 def test_a_revoked_key_stops_working_within_the_cache_ttl(gateway, world):
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     row, secret = ApiKey.objects.issue(Tenant.objects.get(pk=world.tenant_id), label="soon revoked")
     request = call("chat", secret, "sim-model", "hi", stream=False)
@@ -281,7 +281,7 @@ def test_a_revoked_key_stops_working_within_the_cache_ttl(gateway, world):
 
 
 def test_a_request_marks_its_key_as_used(gateway, world):
-    from hopbase.models import ApiKey
+    from tenants.models import ApiKey
 
     key = ApiKey.objects.authenticate(world.other_key)
     before = key.last_used_at
@@ -404,7 +404,7 @@ def test_a_key_is_refused_once_it_expires(gateway, world):
 
     from django.utils import timezone
 
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     tenant = Tenant.objects.get(pk=world.tenant_id)
     _, expired = ApiKey.objects.issue(tenant, label="expired", expires_at=timezone.now() - timedelta(seconds=1))

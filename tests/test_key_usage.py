@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from hopbase import key_usage
 from hopbase.key_usage import KEY_USAGE_INTERVAL, KeyUsage, key_usage_writer, note, usage
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 from tests.support.factories import make_key
 
 

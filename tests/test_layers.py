@@ -1,16 +1,14 @@
 """Dependencies run one way (the layout in docs/architecture.md, "How a request flows"):
 
-    hopbase (the gateway)  ->  channels_pool, billing  ->  core
-    console (the customers' pages)  ->  billing, the shared models, core
+    hopbase (the gateway)  ->  channels_pool, billing  ->  tenants  ->  core
+    console (the customers' pages)  ->  billing, the shared models, tenants, core
 
 The gateway may use the channels and the money side; those two use only
-the shared core and the shared models, never the gateway or each other's
-logic; the core uses nothing of the three but their models. The tenant
-console reads the money side and the shared models, and borrows the admin
-login's throttle and client address from the gateway package; the gateway
+the shared core, the tenants and the shared models, never the gateway or
+each other's logic; the tenants (who calls, who logs in) use only the core.
+The tenant console reads the money side and the shared models; the gateway
 never imports the console (it is mounted by name in hopbase.urls). Read from the
-source, so a wrong-way import fails here even where nothing runs it.
-"""
+source, so a wrong-way import fails here even where nothing runs it."""
 
 from __future__ import annotations
 
@@ -21,15 +19,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "hopbase", "channels_pool", "billing", "console", "simulator")
-SHARED_MODELS = ("hopbase.models", "channels_pool.models", "billing.models")
+PACKAGES = ("core", "tenants", "hopbase", "channels_pool", "billing", "console", "simulator")
+SHARED_MODELS = ("tenants.models", "channels_pool.models", "billing.models")
 # What each package may import of the others (its own modules always).
 ALLOWED = {
     "core": ("core", *SHARED_MODELS),
-    "channels_pool": ("core", "hopbase.models", "channels_pool"),
-    "billing": ("core", *SHARED_MODELS, "billing"),
-    "hopbase": ("core", "hopbase", "channels_pool", "billing", "simulator"),
-    "console": ("core", *SHARED_MODELS, "billing", "console", "hopbase.staff_login", "hopbase.client_address"),
+    "tenants": ("core", "tenants"),
+    "channels_pool": ("core", "tenants", "channels_pool"),
+    "billing": ("core", "tenants", *SHARED_MODELS, "billing"),
+    "hopbase": ("core", "tenants", "hopbase", "channels_pool", "billing", "simulator"),
+    "console": ("core", "tenants", *SHARED_MODELS, "billing", "console"),
     # The upstream simulator, a test and demo tool, stands alone.
     "simulator": ("simulator",),
 }
@@ -77,7 +76,7 @@ def test_imports_run_one_way(package):
 
 def test_a_wrong_way_import_is_caught(tmp_path):
     path = tmp_path / "recorder.py"
-    path.write_text("from hopbase.relay import Relay\nfrom hopbase.models import ApiKey\nfrom core.errors import GatewayError\n")
+    path.write_text("from hopbase.relay import Relay\nfrom tenants.models import ApiKey\nfrom core.errors import GatewayError\n")
     assert violations(path, "billing") == {"hopbase.relay", "hopbase.relay.Relay"}
 
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.ledger import post_entry, sum_of_entries, top_up
 from billing.models import LedgerEntry, ModelPrice
 from channels_pool.models import Channel
-from hopbase.models import ApiKey, Tenant, hash_secret
+from tenants.models import ApiKey, Tenant, hash_secret
 from tests.support.factories import make_channel, make_key, make_log, make_price, make_tenant
 
 pytestmark = pytest.mark.django_db

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 from tests.support.outage_harness import (
     ERROR_CLASS,
     HANG,

@@ -398,7 +398,7 @@ def test_nginx_answers_a_dead_upstream_in_json(echo_behind_nginx):
 
 
 def test_nginx_appends_the_address_it_saw_to_x_forwarded_for(echo_behind_nginx):
-    client_address = pytest.importorskip("hopbase.client_address")
+    client_address = pytest.importorskip("core.client_address")
     # The client on a loopback address of its own, forging a hop.
     with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10) as client:
         seen = client.get(f"{echo_behind_nginx.url}/v1/models", headers={"X-Forwarded-For": "203.0.113.7"}).json()

@@ -139,7 +139,7 @@ def rig(django_db_setup, django_db_blocker, simulator):
 
     from billing.ledger import top_up
     from billing.models import ModelPrice
-    from hopbase.models import Tenant
+    from tenants.models import Tenant
 
     install_clients()
     run = uuid.uuid4().hex[:8]
@@ -171,7 +171,7 @@ def rig(django_db_setup, django_db_blocker, simulator):
 
 
 def new_key(rig: Rig) -> tuple[int, str]:
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     row, key = ApiKey.objects.issue(Tenant.objects.get(pk=rig.tenant_id), label=f"real-client-{uuid.uuid4().hex[:6]}")
     return row.pk, key

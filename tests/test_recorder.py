@@ -6,8 +6,8 @@ records: keys' last use, channel health and the sweep run elsewhere
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -19,7 +19,7 @@ from billing.models import RequestLog
 from billing.recorder import Recorder, to_row
 from billing.spool import replay_dead
 from core.usage import Usage
-from hopbase.models import Tenant
+from tenants.models import Tenant
 from tests.support.factories import make_channel, make_key
 
 

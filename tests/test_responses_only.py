@@ -129,8 +129,8 @@ def test_a_conversation_with_tool_turns_is_written_as_responses_items():
 
 
 def test_only_openais_own_words_about_the_model_make_it_responses_only():
-    from hopbase.protocols import CHAT
     from core.errors import RESPONSES_ONLY
+    from hopbase.protocols import CHAT
 
     own = b'{"error": {"message": "This model is only supported in v1/responses and not in v1/chat/completions.", ' \
           b'"type": "invalid_request_error", "param": "model", "code": null}}'

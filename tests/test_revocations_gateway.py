@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 from tests.support.outage_harness import HANG, Rig, start_rig, wait_for_revocation_listener, warm_up
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]

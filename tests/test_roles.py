@@ -1,4 +1,4 @@
-"""Staff roles (hopbase.roles), through the admin as
+"""Staff roles (tenants.roles), through the admin as
 a browser uses it (a real login, CSRF checks on): finance reads and exports
 but changes nothing; the operator runs tenants, keys, channels, prices and
 top-ups; a top-up form sent twice credits once; every change names its
@@ -23,8 +23,8 @@ from billing.ledger import TopUpMismatch, post_entry, top_up_once
 from billing.models import LedgerEntry, ModelPrice
 from channels_pool.models import Channel
 from core import audit
-from hopbase.models import Tenant
-from hopbase.roles import ROLES
+from tenants.models import Tenant
+from tenants.roles import ROLES
 from tests.support.factories import make_channel, make_key, make_log, make_price, make_tenant
 from tests.support.staff_checks import PASSWORD, create_staff, form_token, log_in, post
 

@@ -1,6 +1,6 @@
-"""Admin logins throttled (hopbase.staff_login): repeated failures lock a
+"""Admin logins throttled (tenants.staff_login): repeated failures lock a
 username and an address, counted from the client address that
-hopbase.client_address gives (X-Forwarded-For only from a trusted proxy)."""
+core.client_address gives (X-Forwarded-For only from a trusted proxy)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from django.core.cache import cache
 from django.urls import reverse
 
-from hopbase import staff_login
+from tenants import staff_login
 from tests.support.staff_checks import PASSWORD, browser, create_staff, log_in, try_login
 
 pytestmark = pytest.mark.django_db

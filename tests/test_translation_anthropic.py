@@ -15,8 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.wire.anthropic import AnthropicRenderer
-from simulator.wire.common import Script
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
@@ -50,6 +48,8 @@ from hopbase.translation.neutral import (
     seal,
     unseal,
 )
+from simulator.wire.anthropic import AnthropicRenderer
+from simulator.wire.common import Script
 
 ANTHROPIC, OPENAI, GEMINI = WireProtocol.ANTHROPIC, WireProtocol.OPENAI, WireProtocol.GEMINI
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}

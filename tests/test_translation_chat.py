@@ -19,15 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.wire.common import (
-    TEXT_WORDS,
-    THINKING_WORDS,
-    TOOL_ARGUMENTS,
-    TOOL_NAME,
-    Script,
-    deltas,
-)
-from simulator.wire.openai import ChatRenderer
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
@@ -58,6 +49,15 @@ from hopbase.translation.neutral import (
     ToolChoice,
     ToolResult,
 )
+from simulator.wire.common import (
+    TEXT_WORDS,
+    THINKING_WORDS,
+    TOOL_ARGUMENTS,
+    TOOL_NAME,
+    Script,
+    deltas,
+)
+from simulator.wire.openai import ChatRenderer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

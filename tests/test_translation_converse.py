@@ -14,9 +14,6 @@ import json
 import pytest
 
 from channels_pool.kinds.eventstream import ConverseFrames
-from simulator import eventstream
-from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
-from simulator.wire.converse import ConverseRenderer
 from core.sse import Event
 from core.vocabulary import WireProtocol
 from hopbase.protocols import CHAT, CONVERSE
@@ -45,6 +42,9 @@ from hopbase.translation.neutral import (
     ToolChoice,
     ToolResult,
 )
+from simulator import eventstream
+from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
+from simulator.wire.converse import ConverseRenderer
 
 MODEL = "amazon.nova-pro-v1:0"
 CONVERSE_WIRE = WireProtocol.CONVERSE

@@ -15,7 +15,15 @@ import time
 import httpx
 import pytest
 
-from tests.support.protocol_checks import TOOL_ARGUMENTS, TOOL_NAME, new_tag, prompt, upstream_record, wait_for_log, words
+from tests.support.protocol_checks import (
+    TOOL_ARGUMENTS,
+    TOOL_NAME,
+    new_tag,
+    prompt,
+    upstream_record,
+    wait_for_log,
+    words,
+)
 from tests.support.relay_checks import stream_errors
 from tests.support.translation_clients import CHANNEL_PROTOCOLS, CLIENT_APIS, NATIVE, ask, count_tokens
 from tests.support.wire import call, wait_for_records

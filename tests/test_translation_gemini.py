@@ -19,8 +19,6 @@ from google.genai import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
-from simulator.wire.gemini import GeminiRenderer
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
@@ -54,6 +52,8 @@ from hopbase.translation.neutral import (
     ToolResult,
     seal,
 )
+from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
+from simulator.wire.gemini import GeminiRenderer
 
 MODEL = "gemini-test"
 ANTHROPIC = WireProtocol.ANTHROPIC

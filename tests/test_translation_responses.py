@@ -19,12 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from channels_pool.selection import ChannelInfo
 from core.errors import ErrorKind, GatewayError
 from core.usage import Usage
-from channels_pool.selection import ChannelInfo
 from core.vocabulary import WireProtocol
 from hopbase.protocols import RESPONSES
 from hopbase.protocols.base import RequestFacts
+from hopbase.translation.legs import Legs
 from hopbase.translation.neutral import (
     Conversation,
     Effort,
@@ -50,7 +51,6 @@ from hopbase.translation.neutral import (
     seal,
 )
 from hopbase.translation.responses_request import CUSTOM_TOOL_PARAMETERS, decode
-from hopbase.translation.legs import Legs
 from hopbase.translation.responses_stream import ResponsesWriter
 
 ANTHROPIC = WireProtocol.ANTHROPIC

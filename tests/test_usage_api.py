@@ -23,7 +23,7 @@ from billing.exports import utc_iso
 from billing.ledger import top_up
 from billing.models import Budget
 from billing.settlement import settle
-from hopbase.models import Tenant
+from tenants.models import Tenant
 from tests.support.factories import make_key, make_log, make_price, make_tenant, unique
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]

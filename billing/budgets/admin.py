@@ -1,7 +1,7 @@
 """The admin's budgets (rule G6): each budget's current window, what it has
 spent and what requests in flight hold reserved in it, against its limit,
 with a bar. Operators add, change and delete budgets; finance reads them
-(hopbase.roles).
+(tenants.roles).
 
 A budget's scope and period are fixed once it exists (another scope or
 period is another budget). Its webhook, and the signing secret that goes

@@ -1,7 +1,7 @@
 """Budget alerts in the admin (G4): each event as it was sent, and every
 delivery attempt under it. Read-only for everyone: an alert is a record of
 what HopBase did, never edited by hand. Operators and finance see them
-(billing.view_budgetalert and billing.view_webhookattempt, hopbase.roles).
+(billing.view_budgetalert and billing.view_webhookattempt, tenants.roles).
 
 Imported by the last line of billing.admin, which defines ReadOnlyAdmin.
 """

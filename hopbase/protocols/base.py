@@ -9,8 +9,8 @@ error in this protocol's encoding. The relay talks only to these two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import orjson

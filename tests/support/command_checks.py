@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 
 from billing.models import Budget, LedgerEntry, ModelPrice, RequestLog
 from channels_pool.models import Channel
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 ALL_MODELS = (Tenant, ApiKey, Channel, ModelPrice, LedgerEntry, RequestLog, Budget)
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import itertools
 import time
-
-import pytest
 from dataclasses import dataclass
 
+import pytest
 from django.test import Client
 
 from console.members import add_member
 from console.models import TenantMembership
-from hopbase.models import Tenant
+from tenants.models import Tenant
 from tests.support.factories import make_tenant
 
 PASSWORD = "correct horse battery staple 42"

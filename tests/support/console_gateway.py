@@ -28,9 +28,9 @@ import openai
 from billing.models import ModelPrice, RequestLog
 from billing.settlement import Outcome, settle
 from console.models import TenantMembership
-from hopbase.models import Tenant
-from tests.support.browser import start_chromium
+from tenants.models import Tenant
 from tests.conftest import database_url_for_subprocess
+from tests.support.browser import start_chromium
 from tests.support.console_cast import PASSWORD, email
 from tests.support.processes import ROOT
 from tests.support.protocol_checks import openai_client

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 from billing.models import ModelPrice, RequestLog
 from channels_pool.models import Channel
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 _counter = itertools.count(1)
 

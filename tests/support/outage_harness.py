@@ -116,7 +116,7 @@ def make_data(world: World) -> tuple[str, int, dict[str, int]]:
     concurrency, so that both kinds of counters live in Redis."""
     from billing.models import ModelPrice
     from channels_pool.models import Channel
-    from hopbase.models import ApiKey, Tenant
+    from tenants.models import ApiKey, Tenant
 
     ModelPrice.objects.get_or_create(
         model=MODEL, defaults={"input_usd_per_mtok": Decimal("3"), "output_usd_per_mtok": Decimal("15")}
@@ -193,7 +193,7 @@ def slot_counts(rig: Rig) -> dict[str, int]:
 
 def wait_for_revocation_listener(rig: Rig, within: float = HANG) -> None:
     """Until the gateway's revocation listener is subscribed (its Redis
-    connection is named after its process: hopbase.revocations)."""
+    connection is named after its process: tenants.revocations)."""
     import redis as redis_lib
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)

@@ -26,7 +26,7 @@ from google import genai
 from google.genai import types
 
 from billing.models import RequestLog
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 
 UPSTREAM_SECRET = "sk-upstream-secret"
 DIRECT_KEY = "sk-direct-to-simulator"

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing.checks import ledger_problems
 from billing.ledger import top_up
 from billing.models import LedgerEntry, RequestLog
-from hopbase.models import Tenant
+from tenants.models import Tenant
 from tests.support.factories import make_price, make_tenant, unique
 
 # 1000 input at 3/M + 200 output at 15/M = 0.003 + 0.003

@@ -8,7 +8,7 @@ from django.core.management.base import CommandError
 from billing.checks import ledger_problems
 from billing.models import LedgerEntry
 from core.commands import OperatorCommand
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 class Command(OperatorCommand):

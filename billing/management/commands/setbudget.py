@@ -33,7 +33,7 @@ from billing.models import Budget
 from core import audit
 from core.commands import OperatorCommand, checked, find_tenant, parse_usd
 from core.money import usd_text
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 
 def find_key(prefix: str) -> ApiKey:

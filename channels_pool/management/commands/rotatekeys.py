@@ -26,7 +26,6 @@ from core import audit
 from core.commands import OperatorCommand
 from core.encryption import SecretUnreadable, decrypt, derived_key, looks_like_token
 
-
 # The admin log's sentences (what an admin action would say).
 REENCRYPTED = "Secret re-encrypted with the first key of HOPBASE_ENCRYPTION_KEYS."
 ENCRYPTED = "Secret, stored in plaintext, encrypted with the first key of HOPBASE_ENCRYPTION_KEYS."

@@ -20,14 +20,14 @@ from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from billing.budgets.windows import describe
 from billing.budgets.options import parse_budget_period
+from billing.budgets.windows import describe
 from billing.models import Budget
 from core import audit
 from core.commands import OperatorCommand, checked, find_tenant, parse_moment, parse_optional_positive, parse_usd
 from core.model_names import parse_required_model_names
 from core.money import usd_text
-from hopbase.models import ApiKey
+from tenants.models import ApiKey
 
 
 class Command(OperatorCommand):

@@ -1,7 +1,7 @@
 """createstaff USERNAME --role {operator,finance} --password-stdin
 
 A staff user (may log in to the admin, is no superuser) in one role's group
-(hopbase.roles). The password is the first line of standard input, never an
+(tenants.roles). The password is the first line of standard input, never an
 argument (it would show in the process list and shell history), and must
 pass Django's password validators (AUTH_PASSWORD_VALIDATORS). The admin log
 has the user's addition and role by the OS user (core.audit).
@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 
 from core import audit
 from core.commands import OperatorCommand, parse_name
-from hopbase.roles import ROLES, ensure_role
+from tenants.roles import ROLES, ensure_role
 
 
 class Command(OperatorCommand):

@@ -15,7 +15,7 @@ from billing.ledger import top_up
 from core import audit
 from core.commands import OperatorCommand, parse_name, parse_usd
 from core.money import usd_text
-from hopbase.models import Tenant
+from tenants.models import Tenant
 
 
 class Command(OperatorCommand):

@@ -14,7 +14,7 @@ from billing.ledger import top_up
 from billing.models import ModelPrice
 from channels_pool.models import Channel
 from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account
-from hopbase.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant
 
 DEMO_MODELS = {
     "openai": ["gpt-4o-mini", "gpt-4.1", "text-embedding-3-small"],

@@ -5,10 +5,11 @@ bits, so an unkeyed hash is enough to make a stolen table useless, and it
 keeps working if SECRET_KEY is rotated.
 
 A key that becomes refused (revoked, or given an expiry) is announced to
-every gateway process when its transaction commits (hopbase.revocations),
-whichever way it was changed: ``ApiKey.revoke``, ``ApiKeyQuerySet.revoke``
-or a save of ``revoked_at`` or ``expires_at``. (``QuerySet.update`` of those
-fields would bypass it: use these.)
+every gateway process when its transaction commits (tenants.revocations),
+through the actions that can make it so: ``ApiKey.revoke``,
+``ApiKeyQuerySet.revoke``, ``ApiKey.amend`` (an operator's edit, its expiry
+among it) and ``ApiKey.rotate``. A plain ``save()`` or ``QuerySet.update``
+of those fields tells nobody: use these.
 
 A key rotated (``ApiKey.rotate``) keeps its row, so its logs, limits and
 budget spend carry on, and takes a new secret; the previous secret keeps
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -28,12 +29,11 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from hopbase import revocations
+from tenants import revocations
 
 KEY_PREFIX = "hb-"
 DISPLAY_PREFIX_LENGTH = 11
 # A saved change to any can make a secret refused earlier than a gateway's cached copy says.
-REFUSAL_FIELDS = frozenset({"revoked_at", "expires_at", "previous_until"})
 
 
 def hash_secret(secret: str) -> str:
@@ -51,7 +51,7 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["name"]
-        # Crediting money is its own right, apart from editing a tenant (hopbase.roles).
+        # Crediting money is its own right, apart from editing a tenant (tenants.roles).
         permissions = [("top_up_tenant", "Can top up a tenant's balance")]
         constraints = [
             models.CheckConstraint(condition=Q(price_multiplier__gte=0), name="tenant_multiplier_not_negative"),
@@ -169,20 +169,23 @@ class ApiKey(models.Model):
         moments = [m for m in (self.revoked_at, self.expires_at) if m is not None]
         return min(moments) if moments else None
 
-    def save(self, *args, **kwargs) -> None:
-        known = not self._state.adding  # a key just made is in no gateway's cache
-        super().save(*args, **kwargs)
-        fields = kwargs.get("update_fields")
-        if known and (fields is None or REFUSAL_FIELDS.intersection(fields)):
-            announce_refusals([self])
-
     def allows(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
 
     def revoke(self) -> None:
+        """Refuse the key from now, and tell every gateway process once the transaction commits."""
         if self.revoked_at is None:
             self.revoked_at = timezone.now()
             self.save(update_fields=["revoked_at"])
+            announce_refusals([self])
+
+    def amend(self, fields: Sequence[str]) -> None:
+        """Save an operator's change to ``fields``; a change of the key's
+        expiry is told to every gateway process once the transaction commits
+        (a key just made is in no process's cache, so ``issue`` tells nobody)."""
+        self.save(update_fields=list(fields))
+        if "expires_at" in fields:
+            announce_refusals([self])
 
     def rotate(self, grace: timedelta) -> str:
         """Give the key a new secret, returned (never stored); the current
@@ -196,6 +199,7 @@ class ApiKey(models.Model):
         self.previous_until = min(m for m in (now + grace, self.refused_from) if m is not None)
         self.key_hash, self.prefix = hash_secret(secret), secret[:DISPLAY_PREFIX_LENGTH]
         self.save(update_fields=["key_hash", "prefix", "previous_hash", "previous_prefix", "previous_until"])
+        announce_refusals([self])
         if earlier is not None:  # no longer the previous secret: refused from now
             revocations.announce([earlier])
         return secret

@@ -5,7 +5,7 @@ seconds (hopbase.auth), and while the database is unreachable serves them
 from that copy for up to HOPBASE_STALE_MAX_AGE: left at that, a key revoked
 just before an outage would be served that long. So whatever can make a key
 refused (``ApiKey.revoke``, the admin's revoke action, a key's expiry set or
-changed: hopbase.models) is announced when its transaction commits, in one
+changed: tenants.models) is announced when its transaction commits, in one
 Redis call that writes two things:
 
 - a message on ``channel_name()`` (one channel per Redis database): every
@@ -154,12 +154,21 @@ def publish(refusals: Sequence[Refusal], url: str | None = None) -> bool:
     return True
 
 
-def refuse_here(refusals: Iterable[Refusal]) -> int:
-    """Mark ``refusals`` in this process's key cache; how many it held."""
-    # Imported here: hopbase.auth imports the models, which import this module.
-    from hopbase.auth import keys
+# This process's caches of keys, told of every refusal: the request path's
+# joins with ``keep_told`` when it is imported, so the domain announces
+# without knowing who keeps copies of its keys.
+_caches: list[Callable[[str, float], bool]] = []
 
-    return sum(keys.refuse(r.key_hash, r.refused_from) for r in refusals)
+
+def keep_told(refuse: Callable[[str, float], bool]) -> None:
+    """Have ``refuse(key_hash, refused_from)`` called for every refusal this
+    process learns of, announced here or received; it answers whether it held the key."""
+    _caches.append(refuse)
+
+
+def refuse_here(refusals: Iterable[Refusal]) -> int:
+    """Mark ``refusals`` in this process's key caches; how many they held."""
+    return sum(refuse(r.key_hash, r.refused_from) for r in refusals for refuse in _caches)
 
 
 # -- the stale path ------------------------------------------------------------------

@@ -8,7 +8,7 @@
   nothing.
 
 Superusers have every permission, as Django has them. The groups are made by
-a migration (hopbase/migrations/0003_staff_roles.py), which calls
+a migration (tenants/migrations/0003_staff_roles.py), which calls
 ``install_roles`` with the historical app registry and the roles as they
 were then; a change of ``ROLES`` is a migration of its own that installs them
 again with the new table, written out in it (0006_budget_roles.py): a

@@ -1,4 +1,4 @@
-"""Staff roles (hopbase.roles): the top-up permission of its own, and the
+"""Staff roles (tenants.roles): the top-up permission of its own, and the
 operator and finance groups with their permissions. The groups are made
 after every model they name exists, so this depends on each app's latest
 migration at the time; a later change of the roles is a new migration, and
@@ -7,7 +7,7 @@ this one installs the roles of its own time (ROLES below)."""
 from django.db import migrations
 
 
-# The roles as they were at this migration: hopbase.roles.ROLES has grown
+# The roles as they were at this migration: tenants.roles.ROLES has grown
 # since, with permissions of models that do not exist yet at this point of a
 # new database's migrations (later migrations install the later tables).
 ROLES = {
@@ -29,7 +29,7 @@ ROLES = {
 
 
 def install_roles(apps, schema_editor):
-    from hopbase.roles import install_roles
+    from tenants.roles import install_roles
 
     install_roles(apps, ROLES)
 

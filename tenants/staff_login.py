@@ -6,7 +6,7 @@ Counted in Django's cache (Redis with REDIS_URL, shared by every process;
 otherwise this process's memory): a window opens with the first failure and
 lasts ``WINDOW`` seconds; ``MAX_FAILURES_PER_USERNAME`` failures for a
 username, or ``MAX_FAILURES_PER_ADDRESS`` from an address (the client address
-of hopbase.client_address, X-Forwarded-For only from a trusted proxy), lock
+of core.client_address, X-Forwarded-For only from a trusted proxy), lock
 it until the window ends. A successful login clears its username's count,
 not its address's. If the cache cannot be reached, logins are not throttled
 (a warning is logged): the admin must stay usable through a Redis outage.
@@ -22,7 +22,7 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 
 from core import loggers
-from hopbase.client_address import client_address
+from core.client_address import client_address
 
 logger = logging.getLogger(loggers.STAFF_LOGIN)
 

@@ -6,7 +6,7 @@ import importlib
 
 from django.db import migrations
 
-# The roles as they are at this migration (hopbase.roles.ROLES then): a
+# The roles as they are at this migration (tenants.roles.ROLES then): a
 # later change of the roles is a migration of its own.
 ROLES = {
     "operator": (
@@ -31,16 +31,16 @@ ROLES = {
 
 
 def install_roles(apps, schema_editor):
-    from hopbase.roles import install_roles
+    from tenants.roles import install_roles
 
     install_roles(apps, ROLES)
 
 
 def previous_roles(apps, schema_editor):
-    from hopbase.roles import install_roles
+    from tenants.roles import install_roles
 
     # A module name starting with a digit is no identifier: import it by name.
-    install_roles(apps, importlib.import_module("hopbase.migrations.0006_budget_roles").ROLES)
+    install_roles(apps, importlib.import_module("tenants.migrations.0006_budget_roles").ROLES)
 
 
 class Migration(migrations.Migration):
