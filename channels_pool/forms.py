@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from django import forms
 
-from channels_pool.kinds import KINDS
-from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel
 from core.encryption import Unreadable
 from core.model_names import ModelListField
+from providers.kinds import KINDS
+from providers.openai.azure import DEFAULT_API_VERSION
 
 SETTINGS = ("region", "project", "location", "api_version")
 STORED = "•••• set"

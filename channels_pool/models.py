@@ -11,10 +11,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from channels_pool.destinations import LocalDestination, check_destination
-from channels_pool.kinds import KINDS, ConfigError
 from core.encryption import EncryptedTextField
 from core.model_names import split_alias
 from core.vocabulary import ChannelKindName
+from providers.kinds import KINDS, ConfigError
 
 BASE_URL_MAX_LENGTH = 500
 # Of the plaintext: a Vertex service-account JSON key is about 2,400 characters.
@@ -89,7 +89,7 @@ class Channel(models.Model):
     served_models = models.JSONField(default=list, help_text="Model names this channel serves")
     # Upstream names this channel serves on OpenAI's Responses API alone (the
     # gpt-5-codex class refuses Chat Completions): clients of the other APIs
-    # reach them translated to Responses (hopbase.translation.legs).
+    # reach them translated to Responses (providers.legs).
     responses_only = models.JSONField(default=list, blank=True,
                                       help_text="Models served on /v1/responses only (openai and azure channels)")
     priority = models.IntegerField(default=0, help_text="Higher is tried first")

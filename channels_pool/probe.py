@@ -26,18 +26,19 @@ import orjson
 
 from channels_pool.destinations import LocalDestination, check_destination
 from channels_pool.http_client import new_client
-from channels_pool.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
 from channels_pool.masking import masked
 from channels_pool.models import Channel
 from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from core.vocabulary import EmbeddingGrammar, WireProtocol
+from core.vocabulary import EmbeddingGrammar
+from providers.google import grammar as google
+from providers.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
+from providers.registry import GRAMMARS
 
 PROMPT = "Reply with OK."
 MAX_TOKENS = 16  # enough for any model to answer at all (some refuse fewer), few enough to cost nothing
 TIMEOUT = 30.0  # seconds for the whole answer
-GEMINI_API_VERSION = "v1beta"
 # What the operator is told for failures that carry no provider text.
 NO_ANSWER = {"connect": "could not connect to the channel", "timeout": "the connection timed out",
              "cut": "the channel cut the answer short", "internal": "the answer could not be read"}
@@ -80,21 +81,7 @@ async def _probe_all(channels: Sequence[Channel]) -> list[ProbeResult]:
 
 def probe_call(kind: ChannelKind, model: str) -> Call:
     """The smallest request of the grammar the channel speaks for ``model``, streamed as the relay streams."""
-    grammar = kind.grammar(model)
-    if grammar == WireProtocol.OPENAI:
-        body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
-                                "max_completion_tokens": MAX_TOKENS, "stream": True}
-        return Call(Operation.CHAT, model, body, orjson.dumps(body))
-    if grammar == WireProtocol.ANTHROPIC:
-        body = {"model": model, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": PROMPT}],
-                "stream": True}
-        return Call(Operation.MESSAGES, model, body, orjson.dumps(body))
-    if grammar == WireProtocol.GEMINI:
-        body = {"contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
-                "generationConfig": {"maxOutputTokens": MAX_TOKENS}}
-        return Call(Operation.GENERATE, model, body, orjson.dumps(body), route={"version": GEMINI_API_VERSION})
-    body = {"messages": [{"role": "user", "content": [{"text": PROMPT}]}], "inferenceConfig": {"maxTokens": MAX_TOKENS}}
-    return Call(Operation.CONVERSE, model, body, orjson.dumps(body))
+    return GRAMMARS[kind.grammar(model)].probe.call(model, PROMPT, MAX_TOKENS)
 
 
 # The smallest embeddings request of each grammar (a model named for embeddings: ``embed`` in its name).
@@ -115,7 +102,7 @@ def embedding_call(kind: ChannelKind, model: str) -> Call | None:
     if grammar is None:
         return None
     body = EMBED_BODIES[grammar](model)
-    return Call(Operation.EMBED, model, body, orjson.dumps(body), route={"version": GEMINI_API_VERSION})
+    return Call(Operation.EMBED, model, body, orjson.dumps(body), route={"version": google.API_VERSION})
 
 
 async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
@@ -155,7 +142,7 @@ async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:
             if isinstance(item, Event):
                 if (error := stream_error(item)) is not None:
                     return result(attempt.status, error)
-                ended = ended or embedding is not None or is_end(grammar, item)
+                ended = ended or embedding is not None or GRAMMARS[grammar].probe.is_end(item)
             elif item is Signal.END:
                 return result(attempt.status, "" if ended else "the answer ended before its end marker")
             elif isinstance(item, UpstreamFailure):
@@ -178,17 +165,3 @@ def stream_error(event: Event) -> str | None:
     if event.name in ERROR_EVENTS or (isinstance(data, dict) and "error" in data):
         return event.data[:MAX_DETAIL] or event.name or "an error event"
     return None
-
-
-def is_end(grammar: WireProtocol, event: Event) -> bool:
-    """Whether ``event`` is the last one of a whole answer in ``grammar``."""
-    if grammar == WireProtocol.OPENAI:
-        return event.data_bytes == b"[DONE]"
-    data = event.json
-    if grammar == WireProtocol.ANTHROPIC:
-        return (event.name or (data.get("type") if isinstance(data, dict) else None)) == "message_stop"
-    if grammar == WireProtocol.GEMINI:
-        candidates = data.get("candidates") if isinstance(data, dict) else None
-        return isinstance(candidates, list) and any(
-            isinstance(candidate, dict) and candidate.get("finishReason") for candidate in candidates)
-    return event.name == "metadata"  # Converse: usage, after messageStop

@@ -16,11 +16,11 @@ import random
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from channels_pool.kinds import KINDS, ChannelKind
 from channels_pool.models import Channel
 from core import loggers
 from core.encryption import Unreadable
 from core.snapshots import Snapshot
+from providers.kinds import KINDS, ChannelKind
 
 log = logging.getLogger(loggers.CHANNELS)
 
@@ -29,7 +29,7 @@ log = logging.getLogger(loggers.CHANNELS)
 class ChannelInfo:
     id: int
     name: str
-    protocol: str  # the channel's kind (channels_pool.kinds)
+    protocol: str  # the channel's kind (providers.kinds)
     base_url: str
     secret: str = field(repr=False)  # never in a log line or a debug page
     models: Mapping[str, str] = field(hash=False)  # public name -> the name this channel is sent

@@ -30,12 +30,12 @@ from channels_pool.http_client import (
     retry_after_seconds,
     timed_out,
 )
-from channels_pool.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 from channels_pool.masking import masked, provider_words
 from channels_pool.parts import read_in_parts
 from core import loggers
 from core.errors import UpstreamFailure
 from core.sse import Event
+from providers.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 
 log = logging.getLogger(loggers.UPSTREAM)
 

@@ -31,9 +31,9 @@ from core.errors import ErrorKind, GatewayError
 from hopbase import lifecycle, metrics, views
 from hopbase.capacity import max_open_requests
 from hopbase.intake import REQUEST_ID_HEADER, error_response
-from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
-from hopbase.protocols.base import Api
 from hopbase.run import new_request_id
+from providers.apis import CHAT, GEMINI, MESSAGES, RESPONSES
+from providers.base import Api
 
 log = logging.getLogger(loggers.ADMISSION)
 

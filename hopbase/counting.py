@@ -30,37 +30,23 @@ import orjson
 from django.http import HttpResponse
 
 from channels_pool.health import board
-from channels_pool.kinds import AuthFailed, Operation, UpstreamRequest
-from channels_pool.kinds import Call as KindCall
 from channels_pool.selection import ChannelInfo, directory
 from core import loggers
 from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.usage import Usage, estimate_tokens
-from core.vocabulary import RequestStatus, WireProtocol
+from core.vocabulary import RequestStatus
 from hopbase import gateway
 from hopbase.intake import Call, admit, error_response, parse_facts, read_json
-from hopbase.protocols.base import RequestFacts, dumps
-from hopbase.translation.legs import Legs
-from hopbase.translation.neutral import CannotServe
+from providers.base import RequestFacts, dumps
+from providers.kinds import AuthFailed, Operation, UpstreamRequest
+from providers.kinds import Call as KindCall
+from providers.legs import Legs
+from providers.neutral import CannotServe
+from providers.registry import GRAMMARS
 
 log = logging.getLogger(loggers.COUNTING)
 ESTIMATED_HEADER = "x-hopbase-estimated"
 COUNT_TIMEOUT = httpx.Timeout(10.0, connect=3.0)
-
-
-def _count(value: Any, key: str) -> int:
-    count = value.get(key) if isinstance(value, dict) else None
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"no {key} in the answer")
-    return count
-
-
-# Where each grammar's counting answer puts the count (OpenAI's grammar has none).
-COUNTS: dict[str, Callable[[Any], int]] = {
-    WireProtocol.ANTHROPIC: lambda answer: _count(answer, "input_tokens"),
-    WireProtocol.GEMINI: lambda answer: _count(answer, "totalTokens"),
-    WireProtocol.CONVERSE: lambda answer: _count(answer, "inputTokens"),
-}
 
 
 @dataclass(frozen=True)
@@ -137,8 +123,8 @@ async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo],
             leg = legs.to(channel)
         except CannotServe:
             continue
-        total = COUNTS.get(leg.api.wire)
-        if total is None:
+        grammar = GRAMMARS[leg.api.wire]
+        if grammar.count_field is None:
             continue
         facts = leg.facts
         headers = leg.api.upstream_call(facts, client_headers).headers  # anthropic-version and -beta, say
@@ -155,7 +141,7 @@ async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo],
             return None, asked
         try:
             body = request.answer(answer.content, answer.headers) if request.answer else answer.content
-            return total(orjson.loads(body)), asked
+            return grammar.count(orjson.loads(body)), asked
         except ValueError as error:
             log.info("channel %s answered a token count unreadably: %s", channel.name, error)
             return None, asked

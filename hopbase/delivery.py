@@ -19,8 +19,8 @@ from core.errors import INTERRUPTED_MESSAGE, STALLED_MESSAGE, UpstreamFailure
 from core.sse import Event
 from core.vocabulary import RequestStatus as Status
 from hopbase.ending import Committed, Ending
-from hopbase.protocols.base import Mark
 from hopbase.reply import Reply, error_reply
+from providers.base import Mark
 
 if TYPE_CHECKING:
     from hopbase.run import Run

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from channels_pool.upstream import Attempt
 from core.errors import PROVIDER_ERROR_MESSAGE, ErrorKind, GatewayError
 from core.vocabulary import RequestStatus
-from hopbase.protocols.base import StreamWatcher
+from providers.base import StreamWatcher
 
 # What a request ended by a drain is told: another process will serve it.
 DRAIN_RETRY_AFTER = 1

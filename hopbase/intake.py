@@ -30,9 +30,9 @@ from hopbase.auth import Caller, key_from_request, keys
 from hopbase.auth_throttle import THROTTLED_MESSAGE, failures
 from hopbase.body_keys import repeated_key
 from hopbase.metrics import refusals_total
-from hopbase.protocols.base import Api, RequestFacts, dumps
 from hopbase.reply import Reply, error_reply
 from hopbase.run import new_request_id
+from providers.base import Api, RequestFacts, dumps
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
 SPOOL_FULL_MESSAGE = "The gateway cannot record requests right now. Please retry shortly."

@@ -50,15 +50,15 @@ from hopbase.capacity import FairShare
 from hopbase.drain import Drain
 from hopbase.ending import DRAIN_RETRY_AFTER, Committed
 from hopbase.limits import POLL_SECONDS, Limits
-from hopbase.protocols.base import Api, Mark, RequestFacts, dumps
 from hopbase.releases import Releases
 from hopbase.reply import STREAM_HEADERS, Reply, error_reply
 from hopbase.run import Run
 from hopbase.spend import Spend, Unmetered
-from hopbase.translation.base import Leg
-from hopbase.translation.embeddings import EmbeddingLegs
-from hopbase.translation.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
-from hopbase.translation.neutral import CannotServe
+from providers.base import Api, Mark, RequestFacts, dumps
+from providers.embedding_legs import EmbeddingLegs
+from providers.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
+from providers.neutral import CannotServe
+from providers.translation import Leg
 
 log = logging.getLogger(loggers.RELAY)
 # The hold was cut short by a graceful drain's deadline (D1): no channel's fault.

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from core.errors import FINAL, GatewayError
-from hopbase.protocols.base import Api
+from providers.base import Api
 
 STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 

@@ -23,15 +23,15 @@ from core.vocabulary import RequestStatus
 from hopbase import delivery
 from hopbase.auth import Caller
 from hopbase.ending import Committed, Ending
-from hopbase.protocols.base import Api, RequestFacts, StreamWatcher
 from hopbase.releases import Releases
 from hopbase.reply import Reply
+from providers.base import Api, RequestFacts, StreamWatcher
 
 if TYPE_CHECKING:
     from hopbase.relay import Relay
     from hopbase.spend import Hold
-    from hopbase.translation.embeddings import EmbeddingLegs
-    from hopbase.translation.legs import Legs
+    from providers.embedding_legs import EmbeddingLegs
+    from providers.legs import Legs
 
 Status = RequestStatus
 

@@ -51,8 +51,8 @@ from core.snapshots import Snapshot, database_call
 from core.surcharges import Surcharge
 from core.vocabulary import RequestStatus
 from hopbase.auth import Caller
-from hopbase.protocols.base import Api, RequestFacts, nontext_tokens
 from hopbase.token_limits import token_limits
+from providers.base import Api, RequestFacts, nontext_tokens
 
 log = logging.getLogger(loggers.SPEND)
 

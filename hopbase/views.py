@@ -15,8 +15,8 @@ from core.errors import ErrorKind, GatewayError
 from core.snapshots import database_call
 from hopbase import counting, intake, metrics, readiness
 from hopbase.intake import Call, authorized
-from hopbase.protocols import CHAT, EMBEDDINGS, GEMINI, GEMINI_CACHES, GEMINI_EMBEDDINGS, MESSAGES, RESPONSES
-from hopbase.protocols.base import Api
+from providers.apis import CHAT, EMBEDDINGS, GEMINI, GEMINI_CACHES, GEMINI_EMBEDDINGS, MESSAGES, RESPONSES
+from providers.base import Api
 
 
 def openai_or_anthropic(request: HttpRequest) -> Api:

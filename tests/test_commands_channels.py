@@ -17,11 +17,11 @@ from django.db import connection
 from django.utils import timezone
 
 from billing.models import ModelPrice
-from channels_pool.kinds import KINDS
-from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel
 from channels_pool.probe import probe_call
 from core import encryption
+from providers.kinds import KINDS
+from providers.openai.azure import DEFAULT_API_VERSION
 from simulator import vertex_service_account
 from tests.support.command_checks import assert_refused, run
 from tests.support.factories import make_channel, make_price

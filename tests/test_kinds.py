@@ -1,4 +1,4 @@
-"""Channel kinds (channels_pool.kinds): how a request reaches each kind of
+"""Channel kinds (providers.kinds): how a request reaches each kind of
 channel, and how a cloud's answer becomes the events the relay handles."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from channels_pool.kinds import KINDS, BrokenStream, Call, ConfigError, Operation
-from channels_pool.kinds.eventstream import AnthropicFrames, ConverseFrames
-from channels_pool.kinds.refresh import Refreshed
 from channels_pool.selection import ChannelInfo
 from core.errors import failure_from_status
+from providers.aws.eventstream import AnthropicFrames, ConverseFrames
+from providers.kinds import KINDS, BrokenStream, Call, ConfigError, Operation
+from providers.refresh import Refreshed
 
 
 def channel(kind: str, secret: str = "k", **settings: str) -> ChannelInfo:

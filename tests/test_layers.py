@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "tenants", "hopbase", "channels_pool", "billing", "console", "simulator")
+PACKAGES = ("core", "tenants", "providers", "hopbase", "channels_pool", "billing", "console", "simulator")
 SHARED_MODELS = ("tenants.models", "channels_pool.models", "billing.models")
 # What each package may import of the others (its own modules always).
 ALLOWED = {
     "core": ("core", *SHARED_MODELS),
     "tenants": ("core", "tenants"),
-    "channels_pool": ("core", "tenants", "channels_pool"),
+    "providers": ("core", "providers"),
+    "channels_pool": ("core", "tenants", "providers", "channels_pool"),
     "billing": ("core", "tenants", *SHARED_MODELS, "billing"),
-    "hopbase": ("core", "tenants", "hopbase", "channels_pool", "billing", "simulator"),
+    "hopbase": ("core", "tenants", "providers", "hopbase", "channels_pool", "billing", "simulator"),
     "console": ("core", "tenants", *SHARED_MODELS, "billing", "console"),
     # The upstream simulator, a test and demo tool, stands alone.
     "simulator": ("simulator",),

@@ -190,7 +190,7 @@ def test_it_bills_gemini_input_without_cached_tokens(gem, world, committed_db, s
 )
 def test_a_model_name_is_escaped_whole_into_the_upstream_url(model, path):
     from channels_pool.selection import ChannelInfo
-    from hopbase.protocols import GEMINI
+    from providers.apis import GEMINI
 
     channel = ChannelInfo(id=1, name="g", protocol="gemini", base_url="https://gemini.test/prefix", secret="k",
                           models={}, priority=0, weight=1, max_concurrency=None)

@@ -13,12 +13,12 @@ import pytest
 
 from core.sse import Event
 from core.usage import Usage
-from hopbase.protocols import CHAT, GEMINI, MESSAGES
-from hopbase.protocols.base import Api, RequestFacts
-from hopbase.translation.anthropic_stream import AnthropicWriter
-from hopbase.translation.chat_stream import ChatWriter
-from hopbase.translation.gemini_stream import GeminiWriter
-from hopbase.translation.neutral import TextDelta
+from providers.anthropic.stream import AnthropicWriter
+from providers.apis import CHAT, GEMINI, MESSAGES
+from providers.base import Api, RequestFacts
+from providers.google.stream import GeminiWriter
+from providers.neutral import TextDelta
+from providers.openai.chat_stream import ChatWriter
 
 DELTAS = 4000
 WORD = "word "

@@ -20,7 +20,7 @@ from channels_pool.affinity import Affinity, ForeignState
 from channels_pool.provider_state import Pending, StateOwners
 from core import dependencies, snapshots
 from core.errors import ErrorKind, GatewayError
-from hopbase.protocols import GEMINI, MESSAGES, RESPONSES
+from providers.apis import GEMINI, MESSAGES, RESPONSES
 from tests.support.relay_fakes import Answer, Upstream, build, caller
 
 OURS, THEIRS = 7, 8  # tenant ids: relay_fakes.caller() is tenant 7

@@ -14,7 +14,7 @@ import orjson
 
 from core.errors import STALLED_MESSAGE
 from core.vocabulary import RequestStatus
-from hopbase.protocols import CHAT, MESSAGES
+from providers.apis import CHAT, MESSAGES
 from tests.support.relay_fakes import (
     DONE,
     FAST,

@@ -104,8 +104,8 @@ def test_claude_code_shaped_streams_with_tools_reach_a_responses_only_model(gate
 
 
 def test_a_conversation_with_tool_turns_is_written_as_responses_items():
-    from hopbase.translation.neutral import CannotServe, Conversation, Message, Text, ToolCall, ToolResult
-    from hopbase.translation.responses_upstream import encode
+    from providers.neutral import CannotServe, Conversation, Message, Text, ToolCall, ToolResult
+    from providers.openai.responses_upstream import encode
 
     conversation = Conversation(model="m", messages=[
         Message("user", [Text("weather in Paris?")]),
@@ -130,7 +130,7 @@ def test_a_conversation_with_tool_turns_is_written_as_responses_items():
 
 def test_only_openais_own_words_about_the_model_make_it_responses_only():
     from core.errors import RESPONSES_ONLY
-    from hopbase.protocols import CHAT
+    from providers.apis import CHAT
 
     own = b'{"error": {"message": "This model is only supported in v1/responses and not in v1/chat/completions.", ' \
           b'"type": "invalid_request_error", "param": "model", "code": null}}'

@@ -17,8 +17,8 @@ from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MES
 from core.vocabulary import RequestStatus
 from hopbase import delivery
 from hopbase.drain import Drain
-from hopbase.protocols import CHAT, GEMINI_CACHES
-from hopbase.protocols.openai_chat import ChatWatcher
+from providers.apis import CHAT, GEMINI_CACHES
+from providers.openai.chat import ChatWatcher
 from tests.support.relay_fakes import (
     DONE,
     FAST,

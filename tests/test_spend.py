@@ -28,9 +28,9 @@ from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
 from hopbase import spend as spend_module
 from hopbase.auth import Caller
-from hopbase.protocols import CHAT, EMBEDDINGS, GEMINI, MESSAGES
-from hopbase.protocols.base import MEDIA_TOKENS, TOOLS_PREAMBLE_TOKENS, dumps
 from hopbase.spend import Spend
+from providers.apis import CHAT, EMBEDDINGS, GEMINI, MESSAGES
+from providers.base import MEDIA_TOKENS, TOOLS_PREAMBLE_TOKENS, dumps
 from tests.support.factories import make_key, make_price, make_tenant
 
 # Committed rows: the guard reads them in its own (async) context, where the test's transaction is not.

@@ -2,7 +2,7 @@
 encoded for Anthropic, an Anthropic channel's events read as pieces, and
 pieces written as the Messages stream and body the anthropic SDK parses.
 
-Mirrors hopbase/translation/anthropic_request.py and anthropic_stream.py.
+Mirrors providers/anthropic/request.py and anthropic_stream.py.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
 from core.vocabulary import WireProtocol
-from hopbase.protocols.anthropic_messages import Messages, MessagesWatcher
-from hopbase.protocols.base import dumps
-from hopbase.translation import anthropic_request
-from hopbase.translation.anthropic_stream import AnthropicReader, AnthropicWriter
-from hopbase.translation.neutral import (
+from providers.anthropic import request as anthropic_request
+from providers.anthropic.messages import Messages, MessagesWatcher
+from providers.anthropic.stream import AnthropicReader, AnthropicWriter
+from providers.base import dumps
+from providers.neutral import (
     CannotServe,
     Conversation,
     Effort,

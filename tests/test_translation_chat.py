@@ -22,11 +22,9 @@ from hypothesis import strategies as st
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
-from hopbase.protocols import CHAT
-from hopbase.protocols.base import RequestFacts, dumps
-from hopbase.translation.chat_request import decode, encode
-from hopbase.translation.chat_stream import ChatReader, ChatWriter
-from hopbase.translation.neutral import (
+from providers.apis import CHAT
+from providers.base import RequestFacts, dumps
+from providers.neutral import (
     CannotServe,
     Conversation,
     Effort,
@@ -49,6 +47,8 @@ from hopbase.translation.neutral import (
     ToolChoice,
     ToolResult,
 )
+from providers.openai.chat_request import decode, encode
+from providers.openai.chat_stream import ChatReader, ChatWriter
 from simulator.wire.common import (
     TEXT_WORDS,
     THINKING_WORDS,

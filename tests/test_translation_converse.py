@@ -3,8 +3,8 @@ a ``Conversation`` encoded as the ConverseStream body, and the answer's AWS
 event-stream messages (decoded by ``ConverseFrames``) marked by
 ``ConverseWatcher`` and read into pieces by ``ConverseReader``.
 
-Mirrors hopbase/translation/converse_request.py, converse_stream.py and
-hopbase/protocols/bedrock_converse.py.
+Mirrors providers/aws/converse_request.py, converse_stream.py and
+providers/aws/converse.py.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import json
 
 import pytest
 
-from channels_pool.kinds.eventstream import ConverseFrames
 from core.sse import Event
 from core.vocabulary import WireProtocol
-from hopbase.protocols import CHAT, CONVERSE
-from hopbase.protocols.base import Mark, RequestFacts, dumps
-from hopbase.translation import chat_request, converse_request
-from hopbase.translation.converse_stream import ConverseReader
-from hopbase.translation.neutral import (
+from providers.apis import CHAT, CONVERSE
+from providers.aws import converse_request
+from providers.aws.converse_stream import ConverseReader
+from providers.aws.eventstream import ConverseFrames
+from providers.base import Mark, RequestFacts, dumps
+from providers.neutral import (
     CannotServe,
     Conversation,
     Image,
@@ -42,6 +42,7 @@ from hopbase.translation.neutral import (
     ToolChoice,
     ToolResult,
 )
+from providers.openai import chat_request
 from simulator import eventstream
 from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
 from simulator.wire.converse import ConverseRenderer

@@ -3,7 +3,7 @@ each channel grammar's bodies encoded and split where the channel takes
 fewer inputs, answers read back and written in the client's shape; and what
 the client APIs refuse themselves.
 
-Mirrors hopbase/translation/embeddings.py, hopbase/protocols/openai_embeddings.py
+Mirrors providers/embedding_legs.py, providers/openai/embeddings.py
 and gemini_embeddings.py; the same through a gateway is test_embeddings_gateway.py.
 """
 
@@ -15,16 +15,16 @@ import struct
 
 import pytest
 
-from channels_pool.kinds.bedrock import INPUT_TOKENS_FIELD
 from core.errors import GatewayError
 from core.sse import Event
 from core.usage import estimate_tokens
 from core.vocabulary import EmbeddingGrammar
-from hopbase.protocols import EMBEDDINGS, GEMINI_EMBEDDINGS
-from hopbase.protocols.base import Mark, RequestFacts, dumps
-from hopbase.protocols.openai_embeddings import usage_tokens
-from hopbase.translation.embeddings import SIDES, EmbeddingRequest, EmbeddingWatcher, decode_gemini, decode_openai
-from hopbase.translation.neutral import CannotServe
+from providers.apis import EMBEDDINGS, GEMINI_EMBEDDINGS
+from providers.aws.bedrock import INPUT_TOKENS_FIELD
+from providers.base import Mark, RequestFacts, dumps
+from providers.embedding_legs import SIDES, EmbeddingRequest, EmbeddingWatcher, decode_gemini, decode_openai
+from providers.neutral import CannotServe
+from providers.openai.embeddings import usage_tokens
 
 VECTOR = [0.25, -0.5, 0.125]
 

@@ -3,7 +3,7 @@ Gemini, a Gemini channel's chunks read as pieces, and pieces written as the
 streamGenerateContent stream and generateContent body the google-genai SDK
 parses.
 
-Mirrors hopbase/translation/gemini_request.py (with gemini_contents.py) and
+Mirrors providers/google/request.py (with gemini_contents.py) and
 gemini_stream.py.
 """
 
@@ -23,11 +23,11 @@ from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
 from core.vocabulary import WireProtocol
-from hopbase.protocols import GEMINI
-from hopbase.protocols.base import RequestFacts, dumps
-from hopbase.translation import gemini_request
-from hopbase.translation.gemini_stream import GeminiReader, GeminiWriter
-from hopbase.translation.neutral import (
+from providers.apis import GEMINI
+from providers.base import RequestFacts, dumps
+from providers.google import request as gemini_request
+from providers.google.stream import GeminiReader, GeminiWriter
+from providers.neutral import (
     CannotServe,
     Conversation,
     Effort,

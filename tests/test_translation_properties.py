@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 from core.sse import EventSplitter
 from core.usage import Usage
 from core.vocabulary import ApiName
-from hopbase.protocols import CHAT, GEMINI, MESSAGES, RESPONSES
-from hopbase.protocols.base import Mark, RequestFacts, dumps
-from hopbase.translation.anthropic_stream import AnthropicWriter
-from hopbase.translation.chat_stream import ChatWriter
-from hopbase.translation.gemini_stream import GeminiWriter
-from hopbase.translation.legs import CHANNEL_SIDES, WRITERS
-from hopbase.translation.neutral import Stop, StopReason, TextDelta, ThinkingDelta, ToolArguments, ToolCallStart
-from hopbase.translation.watcher import TranslatingWatcher
+from providers.anthropic.stream import AnthropicWriter
+from providers.apis import CHAT, GEMINI, MESSAGES, RESPONSES
+from providers.base import Mark, RequestFacts, dumps
+from providers.google.stream import GeminiWriter
+from providers.neutral import Stop, StopReason, TextDelta, ThinkingDelta, ToolArguments, ToolCallStart
+from providers.openai.chat_stream import ChatWriter
+from providers.registry import CLIENT_SIDES, GRAMMARS
+from providers.translating_watcher import TranslatingWatcher
 
 TOOL = {"name": "lookup", "description": "Look up", "parameters": {"type": "object", "properties": {}}}
 CLIENT_BODIES = {
@@ -90,11 +90,11 @@ def provider_stream(wire: str, pieces: list, usage: Usage) -> bytes:
 
 def translated(api: ApiName, wire: str, stream: bytes) -> tuple[bytes, TranslatingWatcher]:
     """What the relay sends the client for this channel stream."""
-    side = CHANNEL_SIDES[wire]
+    side = GRAMMARS[wire]
     upstream_facts = side.api.parse(*_channel_request(wire))
     facts = client_facts(api)
     watcher = TranslatingWatcher(side.api.new_watcher(upstream_facts), side.reader(),
-                                 WRITERS[api](facts, "public-model", "req_0123456789"))
+                                 CLIENT_SIDES[api].writer(facts, "public-model", "req_0123456789"))
     out = []
     splitter = EventSplitter()
     for event in splitter.feed(stream):

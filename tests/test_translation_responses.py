@@ -23,10 +23,10 @@ from channels_pool.selection import ChannelInfo
 from core.errors import ErrorKind, GatewayError
 from core.usage import Usage
 from core.vocabulary import WireProtocol
-from hopbase.protocols import RESPONSES
-from hopbase.protocols.base import RequestFacts
-from hopbase.translation.legs import Legs
-from hopbase.translation.neutral import (
+from providers.apis import RESPONSES
+from providers.base import RequestFacts
+from providers.legs import Legs
+from providers.neutral import (
     Conversation,
     Effort,
     Image,
@@ -50,8 +50,8 @@ from hopbase.translation.neutral import (
     ToolResult,
     seal,
 )
-from hopbase.translation.responses_request import CUSTOM_TOOL_PARAMETERS, decode
-from hopbase.translation.responses_stream import ResponsesWriter
+from providers.openai.responses_request import CUSTOM_TOOL_PARAMETERS, decode
+from providers.openai.responses_stream import ResponsesWriter
 
 ANTHROPIC = WireProtocol.ANTHROPIC
 USAGE = Usage(input_tokens=100, cache_read_tokens=40, cache_write_tokens=10, output_tokens=30, thinking_tokens=12)

@@ -2,7 +2,7 @@
 --models public[=upstream],… [--priority N] [--weight N] [--max-concurrency N] [--native-only]
 [--region R] [--project P] [--location L] [--api-version V]
 
-Adds one upstream channel of one kind (channels_pool.kinds): a vendor's own
+Adds one upstream channel of one kind (providers.kinds): a vendor's own
 API or a cloud (rule C1). Everything is checked before anything is written,
 with the same per-kind rules the admin applies (``Channel.clean``), and a
 refusal names the flag to fix. The secret (an API key, an AWS key pair, a
@@ -17,8 +17,6 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 
-from channels_pool.kinds import KINDS
-from channels_pool.kinds.azure import DEFAULT_API_VERSION
 from channels_pool.models import SECRET_MAX_LENGTH, Channel, validate_base_url
 from core import audit
 from core.commands import (
@@ -30,6 +28,8 @@ from core.commands import (
     parse_optional_positive,
 )
 from core.model_names import parse_channel_models, parse_model_names
+from providers.kinds import KINDS
+from providers.openai.azure import DEFAULT_API_VERSION
 
 PROTOCOLS = list(KINDS)
 # A kind's own settings (ChannelKind.settings) and the flags that set them.

@@ -1,1 +1,0 @@
-"""Translation between client APIs and channel protocols."""

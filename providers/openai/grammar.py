@@ -1,0 +1,37 @@
+"""OpenAI's grammar in the registry: its channels addressed with Chat
+Completions (or with Responses, for a model served there alone), and its
+two client APIs as translation sides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from core.sse import Event
+from core.vocabulary import WireProtocol
+from providers.apis import CHAT, RESPONSES
+from providers.grammar import ClientSide, Grammar, Probe
+from providers.kind import Call, Operation
+from providers.openai import chat_request, responses_request, responses_upstream
+from providers.openai.chat_stream import ChatReader, ChatWriter
+from providers.openai.responses_stream import ResponsesWriter
+from providers.openai.responses_upstream import ResponsesReader
+
+
+def _probe(model: str, prompt: str, most: int) -> Call:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                            "max_completion_tokens": most, "stream": True}
+    return Call(Operation.CHAT, model, body, orjson.dumps(body))
+
+
+def _is_end(event: Event) -> bool:
+    return event.data_bytes == b"[DONE]"
+
+
+GRAMMAR = Grammar(WireProtocol.OPENAI, CHAT, chat_request.encode, ChatReader, Probe(_probe, _is_end))
+# A model an OpenAI or Azure channel serves on the Responses API alone.
+ON_RESPONSES = Grammar(WireProtocol.OPENAI, RESPONSES, responses_upstream.encode, ResponsesReader,
+                       Probe(_probe, _is_end))
+CLIENTS = (ClientSide(CHAT, chat_request.decode, ChatWriter),
+           ClientSide(RESPONSES, responses_request.decode, ResponsesWriter))
