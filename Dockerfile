@@ -23,7 +23,7 @@ COPY . .
 # No collectstatic: Django's ASGIStaticFilesHandler (hopbase/asgi.py) serves
 # the admin's few static files straight from the installed apps.
 # var/ (the request spool, HOPBASE_SPOOL_DIR) is the only place written to.
-RUN python -m compileall -q manage.py hopbase billing channels_pool core \
+RUN python -m compileall -q manage.py hopbase serving gateway channels_pool billing providers tenants console core \
  && useradd --system --uid 10001 --home-dir /app --no-create-home --shell /usr/sbin/nologin hopbase \
  && mkdir -p var/spool \
  && chown -R hopbase:hopbase var

@@ -1,5 +1,5 @@
 """The floor (bench/floor.py, the bare relay) on uvicorn, as ``manage.py
-serve`` runs HopBase (hopbase.uvicorn_web): uvloop, httptools, no access
+serve`` runs HopBase (serving.uvicorn_web): uvloop, httptools, no access
 log, a 4096 backlog. ``python -m bench.floor_uvicorn --port P`` or, on a
 socket made as serve makes its workers', ``--fd N``."""
 

@@ -1,6 +1,6 @@
 """Issue 31's measurements: HopBase on each server against that server's own
 floor (bench/floor.py), in the same alternating rounds. Under uvicorn,
-``manage.py serve --workers 1`` (hopbase.uvicorn_web) against the bare relay
+``manage.py serve --workers 1`` (serving.uvicorn_web) against the bare relay
 on uvicorn (bench/floor_uvicorn.py); under Daphne, plain ``daphne`` against
 the bare relay under ``daphne``: CPU per whole answer, CPU per paced stream
 (each event a read of its own) and the latency each adds at C=1, with the

@@ -143,7 +143,7 @@ def refused_before_the_key(outcome: Outcome) -> bool:
     could check: they carry a request id but leave no request log (docs/operations.md:
     Failure handling, Outages)."""
     from core.errors import DatabaseUnavailable
-    from hopbase.admission import DRAINING, FULL
+    from serving.admission import DRAINING, FULL
 
     if outcome.status == 401:
         return True
@@ -206,10 +206,10 @@ def books(world: World, outcomes: list[Outcome]) -> Books:
 
 def live_leases(redis_url: str, world: World) -> dict[str, int]:
     """Open slots of the soak's key and channels that Redis still counts
-    (leases not yet lapsed), read as ``hopbase.limits`` keeps them."""
+    (leases not yet lapsed), read as ``gateway.governance.limits`` keeps them."""
     import redis
 
-    from hopbase.limits import SLOTS_PREFIX
+    from gateway.governance.limits import SLOTS_PREFIX
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
@@ -238,7 +238,7 @@ def live_lease_times(redis_url: str, world: World) -> list[tuple[str, str, float
     lapse moment less the lease time."""
     import redis
 
-    from hopbase.limits import LEASE_SECONDS, SLOTS_PREFIX
+    from gateway.governance.limits import LEASE_SECONDS, SLOTS_PREFIX
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:
@@ -256,7 +256,7 @@ def forget_counters(redis_url: str, world: World) -> None:
     """Remove the soak's own counters from Redis (nothing else's)."""
     import redis
 
-    from hopbase.limits import SLOTS_PREFIX
+    from gateway.governance.limits import SLOTS_PREFIX
 
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     try:

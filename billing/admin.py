@@ -21,8 +21,6 @@ from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db import connections
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -33,12 +31,13 @@ from django.http import (
 )
 from django.urls import path
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from billing.budgets import admin as admin_budgets  # noqa: F401  (registers the budgets' admin)
+from billing.budgets import admin_alerts  # noqa: F401  (registers the budget alerts' admin)
 from billing.exports import CONTENT_TYPES, ENCODERS, export_rows, for_export, streamed
 from billing.models import LedgerEntry, ModelPrice, RequestLog
+from billing.read_only_admin import ReadOnlyAdmin
 from core.model_names import parse_model_names
 from core.money import usd_text
 from core.vocabulary import ApiName
@@ -46,44 +45,6 @@ from core.vocabulary import ApiName
 PRICE_FIELDS = (
     "input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok",
 )
-
-
-class EstimatedCountPaginator(Paginator):
-    """An unfiltered list of a big PostgreSQL table takes the planner's row
-    estimate instead of COUNT(*), which reads the whole table. Filtered lists
-    (the usual way to look for something) get an exact count."""
-
-    # Below this an exact count is cheap, and an estimate could be visibly off.
-    estimate_above = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        query = self.object_list.query
-        connection = connections[self.object_list.db]
-        if not query.where and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT reltuples::bigint FROM pg_class WHERE relname = %s", [query.model._meta.db_table]
-                )
-                row = cursor.fetchone()
-            # -1 or 0 until the table has been vacuumed or analysed.
-            if row and row[0] > self.estimate_above:
-                return int(row[0])
-        return super().count
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class ModelPriceForm(forms.ModelForm):
@@ -308,6 +269,3 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     @admin.display(description="request")
     def request(self, entry: LedgerEntry) -> str:
         return entry.request_log.request_id if entry.request_log is not None else ""
-
-
-from billing.budgets import admin_alerts  # noqa: E402, F401 - budget alerts (G4); needs ReadOnlyAdmin above

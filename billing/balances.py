@@ -1,5 +1,5 @@
 """Which tenants have run out of credit, for the hot path (auth -> *balance
-gate* -> relay). Budgets, which hold per period, are hopbase.spend's.
+gate* -> relay). Budgets, which hold per period, are gateway.governance.spend's.
 
 A tenant whose ``balance_usd`` is zero or less is refused (table E, balance
 exhausted). The intake asks ``await balances.exhausted(tenant_id)``,

@@ -9,7 +9,7 @@ workers may run on other hosts and cannot read them.)
 With REDIS_URL, Celery beat runs ``billing.tasks.sweep_unsettled`` every
 HOPBASE_SWEEP_INTERVAL seconds. Without it there is no beat, so the gateway
 runs the same sweep on a thread of its own (``core.periodic``), started by
-``hopbase.background`` with the first API request: manage.py commands,
+``serving.background`` with the first API request: manage.py commands,
 Celery workers and the test process never sweep behind anyone's back. The
 first sweep comes soon after start-up (SWEEP_DELAY at most): it settles
 what a previous run of the gateway left behind.

@@ -14,13 +14,14 @@ gives up fast when the broker is down: the sweep settles those logs later.
 
 That is all this thread does, so a database outage it waits out (retrying
 every couple of seconds, for as long as it lasts) holds up nothing else. The gateway's other background
-work runs on threads of its own (hopbase.background): the in-process sweep
+work runs on threads of its own (serving.background): the in-process sweep
 (billing.jobs), channel health (channels_pool.jobs) and keys' last use
-(hopbase.key_usage).
+(gateway.key_usage).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import queue
@@ -43,6 +44,7 @@ from billing.models import RequestLog
 from billing.spool import Spool, set_aside
 from billing.tasks import publisher
 from core import loggers
+from core.lifecycle import daemon_call, flush_when_drained
 from core.snapshots import refresh_connection
 from core.vocabulary import ApiName, RequestStatus
 
@@ -117,6 +119,8 @@ def to_row(item: Finished) -> RequestLog:
 _STOP = object()
 # A database outage is waited out for as long as it lasts, retrying this often.
 MAX_RETRY_DELAY = 2.0
+# The longest a drain waits for the request logs to be written.
+DRAIN_FLUSH_TIMEOUT = 10.0
 
 
 class Recorder:
@@ -316,3 +320,12 @@ class Recorder:
 
 
 recorder = Recorder()
+
+
+async def _written_when_drained() -> None:
+    """The request logs of a drained process, written before it exits."""
+    if not await asyncio.wrap_future(daemon_call(recorder.flush, DRAIN_FLUSH_TIMEOUT)):
+        log.error("drain: request logs not all written within %.0f s", DRAIN_FLUSH_TIMEOUT)
+
+
+flush_when_drained(_written_when_drained)

@@ -11,8 +11,9 @@ settles every log still unsettled a little later.
 - ``settle_request_log(id)``: the same for one log;
 - ``sweep_unsettled()``: run by beat every HOPBASE_SWEEP_INTERVAL seconds
   when REDIS_URL is set (settings.CELERY_BEAT_SCHEDULE);
-- ``deliver_budget_alert(...)``: a budget alert's webhook (G4, billing.budgets.alerts),
-  retried with backoff until a 2xx.
+- ``deliver_budget_alert(...)``: a budget alert's webhook (G4), retried
+  with backoff until a 2xx; defined beside its work in billing.budgets.alerts
+  and imported here, where the worker looks for tasks.
 
 Without REDIS_URL Celery is eager: ``apply_async`` runs the task in the
 calling thread (the recorder's), and there is no beat; the gateway runs the
@@ -26,16 +27,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from decimal import Decimal
-from functools import partial
 
 from celery import shared_task
-from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import OperationalError
 
-from billing.budgets import alerts
-from billing.budgets.windows import Window
-from billing.models import AlertType
+from billing.budgets.alerts import deliver_budget_alert  # noqa: F401  (registered where the worker looks)
 from billing.settlement import SWEEP_DELAY, settle, settle_many, sweep
 from core import loggers
 
@@ -115,37 +111,3 @@ class Publisher:
 
 
 publisher = Publisher()
-
-
-# Budget alerts (G4): the work is billing.budgets.alerts'; the task adds the retries.
-
-
-@shared_task(bind=True, name="billing.tasks.deliver_budget_alert", ignore_result=True, max_retries=None)
-def deliver_budget_alert(self, budget_id: int, alert_type: str, window_start: str, window_end: str | None,
-                         spent_usd: str) -> str:
-    """Record the alert (once per budget, type and window) and try to deliver
-    it; a failure is retried after alerts.retry_delay(n) seconds, up to
-    HOPBASE_WEBHOOK_MAX_RETRIES times. Every run, first or retry, first looks
-    whether the alert is delivered already, so none posts it twice."""
-    window = Window(dt.datetime.fromisoformat(window_start),
-                    dt.datetime.fromisoformat(window_end) if window_end is not None else None)
-    try:
-        outcome = alerts.deliver(budget_id, AlertType(alert_type), window, Decimal(spent_usd))
-    except (OperationalError, InterfaceError) as error:
-        # The database is away: the alert is neither lost nor sent, only later.
-        alerts.log.warning("budget alert %s of budget %s waits for the database (%s)", alert_type, budget_id, error)
-        outcome = alerts.Delivery.FAILED
-    if not outcome.retry:
-        return outcome.value
-    retries = self.request.retries
-    if retries >= settings.HOPBASE_WEBHOOK_MAX_RETRIES:
-        alerts.log.error("budget alert %s of budget %s given up after %d retries", alert_type, budget_id, retries)
-        return "given up"
-    countdown = alerts.retry_delay(retries)
-    args = (budget_id, alert_type, window_start, window_end, spent_usd)
-    if self.request.is_eager:
-        # Celery runs an eager task's retry at once, countdown ignored; without
-        # a broker the alerts' own thread keeps the backoff instead.
-        alerts.dispatcher.later(countdown, partial(deliver_budget_alert.apply, args=args, retries=retries + 1))
-        return "retry scheduled"
-    raise self.retry(args=args, countdown=countdown)

@@ -3,7 +3,7 @@ and the owners of provider state (channels_pool.provider_state).
 
 The breakers live in process memory (``channels_pool.health.board``: the hot
 path never waits for the database). Every HEALTH_INTERVAL seconds a thread
-of its own (``core.periodic``, started by ``hopbase.background``) writes what
+of its own (``core.periodic``, started by ``serving.background``) writes what
 changed to ChannelHealth, so operators see it in the admin. Snapshots a
 failed write could not store are kept, newest per channel, and written at
 the next tick; a clean exit writes once more.

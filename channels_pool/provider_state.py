@@ -8,7 +8,7 @@ Ownership is written durably to ``ProviderState`` (the routing cache of
 lapse). The hot path never waits for that write, and rarely for a read:
 
 - ``remember`` notes an owner in this process at once and queues the row;
-  a thread of its own (``core.periodic``, started by ``hopbase.background``)
+  a thread of its own (``core.periodic``, started by ``serving.background``)
   writes the queue in batches every WRITE_INTERVAL seconds. Past
   MAX_PENDING rows not yet written (a long database outage) new ones are
   dropped with a warning, and followed in this process only.

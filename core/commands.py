@@ -20,7 +20,6 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.moments import utc_moment
-from tenants.models import Tenant
 
 # Column limits: billing.models.USD (20, 10) and PRICE (14, 6); a
 # PositiveIntegerField or IntegerField on PostgreSQL is 32-bit.
@@ -104,14 +103,6 @@ def parse_name(text: str, what: str, max_length: int) -> str:
     if len(name) > max_length:
         raise CommandError(f"{what}: {name!r} is longer than {max_length} characters")
     return name
-
-
-def find_tenant(name: str, flag: str | None = None) -> Tenant:
-    """The tenant named ``name``; the refusal names ``flag`` when the name came from one."""
-    try:
-        return Tenant.objects.get(name=name)
-    except Tenant.DoesNotExist:
-        raise CommandError(f"{flag + ': ' if flag else ''}unknown tenant {name!r}") from None
 
 
 class OperatorCommand(BaseCommand):

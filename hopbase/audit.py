@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 
-from billing.admin import ReadOnlyAdmin
+from billing.read_only_admin import ReadOnlyAdmin
 
 
 @admin.register(LogEntry)

@@ -4,8 +4,8 @@ hands it (``--fd``).
 
 uvicorn, with uvloop and httptools, spends about half of Daphne's CPU per
 request and per streamed event on the same bare relay (bench/floor.py:
-docs/performance.md); hopbase.uvicorn_web gives it what HopBase changes in
-Twisted under Daphne (hopbase.twisted_web, hopbase.lifecycle).
+docs/performance.md); serving.uvicorn_web gives it what HopBase changes in
+Twisted under Daphne (serving.twisted_web, serving.lifecycle).
 
 ``--server daphne`` runs Daphne's own command line. Daphne makes its event
 loop when ``daphne.server`` is imported, so the plain ``daphne`` command
@@ -14,7 +14,7 @@ working as it is). Here uvloop's policy is set first, and the loop Daphne
 makes is uvloop's: Twisted's reactor drives its sockets through the loop's
 ``add_reader`` and ``add_writer``, which uvloop provides.
 
-``--drained-fd`` and ``--release-fd`` are the pipes of hopbase.worker_group.
+``--drained-fd`` and ``--release-fd`` are the pipes of serving.worker_group.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--release-fd", type=int)
     args = parser.parse_args(argv)
     if args.drained_fd is not None and args.release_fd is not None:
-        from hopbase import worker_group
+        from serving import worker_group
 
         worker_group.join(args.drained_fd, args.release_fd)
     if args.server == "daphne":
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
 
         CommandLineInterface().run(["-v", "0", "--fd", str(args.fd), APPLICATION])
         return
-    import hopbase.asgi  # sets Django up, which hopbase.uvicorn_web's imports need
-    from hopbase import uvicorn_web
+    import hopbase.asgi  # sets Django up, which serving.uvicorn_web's imports need
+    from serving import uvicorn_web
 
     uvicorn_web.serve(hopbase.asgi.application, socket.socket(fileno=args.fd), args.keep_alive, BACKLOG)
 

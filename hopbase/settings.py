@@ -99,7 +99,7 @@ HOPBASE_DRAIN_TIMEOUT = env_seconds("HOPBASE_DRAIN_TIMEOUT", 30)
 HOPBASE_MAX_BODY_BYTES = env_int("HOPBASE_MAX_BODY_BYTES", 20 * 1024 * 1024, minimum=1024)
 # How long a connection may take to send a request's head (its request line
 # and headers, at most 64 KiB) once it has begun, or once it connected:
-# past it, 408 and the connection closed (hopbase.request_heads).
+# past it, 408 and the connection closed (serving.request_heads).
 HOPBASE_HEAD_TIMEOUT = env_seconds("HOPBASE_HEAD_TIMEOUT", 60)
 # How long a key, channel list or price list is trusted before the database is
 # asked again. A revoked key is refused at once where Redis carries the news
@@ -117,7 +117,7 @@ HOPBASE_CONNECT_TIMEOUT = env_seconds("HOPBASE_CONNECT_TIMEOUT", 10)
 HOPBASE_ALLOW_LOOPBACK_CHANNELS = env_bool("HOPBASE_ALLOW_LOOPBACK_CHANNELS", True)
 HOPBASE_UPSTREAM_MAX_CONNECTIONS = env_int("HOPBASE_UPSTREAM_MAX_CONNECTIONS", 2000, minimum=1)
 # Requests one process holds open at once; the excess is refused at once
-# (hopbase.admission). 0: derived from RLIMIT_NOFILE and the upstream pool.
+# (serving.admission). 0: derived from RLIMIT_NOFILE and the upstream pool.
 HOPBASE_MAX_OPEN_REQUESTS = env_int("HOPBASE_MAX_OPEN_REQUESTS", 0)
 HOPBASE_LOG_FLUSH_INTERVAL = env_seconds("HOPBASE_LOG_FLUSH_INTERVAL", 0.2)
 # The journal of request records not yet in the database (billing.spool):

@@ -2,14 +2,15 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from billing import dashboard
-from hopbase import views
+from gateway import views
+from serving import views as process_views
 
 GEMINI_VERSION = r"(?P<version>v1|v1beta|v1alpha)"
 
 urlpatterns = [
-    path("healthz", views.healthz),
-    path("readyz", views.readyz),
-    path("metrics", views.metrics_text),
+    path("healthz", process_views.healthz),
+    path("readyz", process_views.readyz),
+    path("metrics", process_views.metrics_text),
     path("v1/chat/completions", views.chat_completions),
     path("v1/responses", views.responses),
     path("v1/messages", views.messages),

@@ -1,7 +1,7 @@
 """Key revocations told to every gateway process at once, through Redis (D3).
 
 Each gateway process keeps the keys it has seen for HOPBASE_CONFIG_TTL
-seconds (hopbase.auth), and while the database is unreachable serves them
+seconds (gateway.auth), and while the database is unreachable serves them
 from that copy for up to HOPBASE_STALE_MAX_AGE: left at that, a key revoked
 just before an outage would be served that long. So whatever can make a key
 refused (``ApiKey.revoke``, the admin's revoke action, a key's expiry set or
@@ -214,7 +214,7 @@ class Subscriber(BackgroundThread):
     The key cache is the process's, shared by every event loop, and so is
     its listener; a thread rather than a task, so that a busy event loop
     never delays a revocation and a Redis outage never touches a loop. The
-    same thread's life as ``core.periodic.Periodic`` (hopbase.background)."""
+    same thread's life as ``core.periodic.Periodic`` (serving.background)."""
 
     def __init__(self, url: str, refuse: Callable[[list[Refusal]], object] = refuse_here) -> None:
         super().__init__("key-revocations")

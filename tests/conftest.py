@@ -23,7 +23,7 @@ pytest.register_assert_rewrite(
     "tests.support.protocol_checks", "tests.support.command_checks", "tests.support.settlement_checks", "tests.support.relay_checks", "tests.support.relay_fakes"
 )
 
-from hopbase import collector  # noqa: E402
+from serving import collector  # noqa: E402
 from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from tests.support.processes import Service, start_gateway, start_simulator  # noqa: E402
 

@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from billing.admin import EstimatedCountPaginator
 from billing.ledger import post_entry, sum_of_entries, top_up
 from billing.models import Budget, LedgerEntry, ModelPrice, RequestLog
+from billing.read_only_admin import EstimatedCountPaginator
 from channels_pool.models import Channel, ChannelHealth
 from tenants.models import ApiKey, Tenant, hash_secret
 from tests.support.factories import make_channel, make_key, make_log, make_price, make_tenant

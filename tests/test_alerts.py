@@ -38,10 +38,17 @@ from django.db import connections
 from django.utils import timezone
 
 from billing.budgets import alerts
-from billing.budgets.alerts import AlertDispatcher, Delivery, attempt_delivery, raise_alert, record_alert, retry_delay
+from billing.budgets.alerts import (
+    AlertDispatcher,
+    Delivery,
+    attempt_delivery,
+    deliver_budget_alert,
+    raise_alert,
+    record_alert,
+    retry_delay,
+)
 from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
-from billing.tasks import deliver_budget_alert
 from tenants.models import ApiKey, Tenant
 from tests.support.factories import make_key, make_tenant, unique
 from tests.test_settlement_worker import Worker, worker_redis_url

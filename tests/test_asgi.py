@@ -1,4 +1,4 @@
-"""The API handler (hopbase.asgi): a client that leaves cancels the view or
+"""The API handler (serving.handler): a client that leaves cancels the view or
 the stream at once (B1), and its response is still let go of; what the
 server awaits for a request is a future for its work; a request
 cut from outside (a drain's end) is cut; the API's URL matches are
@@ -15,7 +15,7 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import get_resolver
 
-from hopbase.asgi import REMEMBERED_PATH_LENGTH, ApiHandler, Sender, resolved
+from serving.handler import REMEMBERED_PATH_LENGTH, ApiHandler, Sender, resolved
 
 WITHIN = 5.0
 
@@ -281,9 +281,10 @@ async def served(handler: ApiHandler, scope: dict, receive, send) -> None:
 
 
 def test_the_garbage_collector_is_settled_after_the_first_request_and_only_then(monkeypatch):
-    from hopbase import asgi, collector
+    from serving import collector
+    from serving import handler as handler_module
 
-    monkeypatch.setattr(asgi, "ensure_started", lambda: None)  # no background jobs
+    monkeypatch.setattr(handler_module, "ensure_started", lambda: None)  # no background jobs
     settled: list[bool] = []
     monkeypatch.setattr(collector, "settled", False)
     monkeypatch.setattr(collector, "settle", lambda: (settled.append(True), setattr(collector, "settled", True)))
@@ -306,8 +307,9 @@ def test_servers_take_the_application_for_asgi_3_and_await_a_future_for_an_api_r
     from asgiref.compatibility import guarantee_single_callable
 
     from hopbase import asgi
+    from serving import handler as handler_module
 
-    monkeypatch.setattr(asgi, "ensure_started", lambda: None)  # no background jobs
+    monkeypatch.setattr(handler_module, "ensure_started", lambda: None)  # no background jobs
     assert guarantee_single_callable(asgi.application) is asgi.application
 
     async def client_gone() -> dict:

@@ -19,8 +19,8 @@ from django.test import AsyncClient
 from core import dependencies, snapshots
 from core.dependencies import LoopRedis
 from core.errors import DatabaseUnavailable
-from hopbase import auth
-from hopbase.auth import Caller, KeyCache
+from gateway import auth
+from gateway.auth import Caller, KeyCache
 from tenants import revocations
 from tenants.models import hash_secret
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from core import dependencies
-from hopbase import auth_throttle
-from hopbase.auth_throttle import FailedAuthentications
+from gateway import auth_throttle
+from gateway.auth_throttle import FailedAuthentications
 
 # Addresses counted in Redis are this run's own: Redis outlives a run, and
 # another run's failures in the same window would count against them.

@@ -8,7 +8,7 @@ import threading
 import pytest
 from asgiref.sync import async_to_sync
 
-from hopbase import background
+from serving import background
 
 WAIT = 10
 
@@ -86,7 +86,7 @@ def test_the_real_jobs_are_the_gateways(settings):
 
 
 def test_an_api_request_starts_them(fake_jobs):
-    from hopbase import asgi
+    from serving import handler
 
     async def client_gone() -> dict:
         return {"type": "http.disconnect"}
@@ -96,7 +96,7 @@ def test_an_api_request_starts_them(fake_jobs):
 
     scope = {"type": "http", "method": "GET", "path": "/healthz", "headers": [], "query_string": b""}
     async def served() -> None:
-        await asgi.api(scope, client_gone, send)  # what Daphne awaits
+        await handler.api(scope, client_gone, send)  # what Daphne awaits
 
     async_to_sync(served)()
     assert background.running() == ["a", "b"]

@@ -1,4 +1,4 @@
-"""The top-level keys of a body as written (hopbase.body_keys): repeats are
+"""The top-level keys of a body as written (gateway.body_keys): repeats are
 found however a key is spelt or spaced, and nothing else is taken for one."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import orjson
 import pytest
 
-from hopbase.body_keys import repeated_key, top_level_keys
+from gateway.body_keys import repeated_key, top_level_keys
 
 
 def keys_as_json_reads_them(raw: bytes) -> list[str]:

@@ -1,4 +1,4 @@
-"""The garbage collector of a gateway process (hopbase.collector): what is
+"""The garbage collector of a gateway process (serving.collector): what is
 loaded at start is frozen, and young objects gather longer between
 collections."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gc
 
-from hopbase import asgi, collector, lifecycle
+from core import lifecycle
+from serving import collector, handler
 
 
 def test_settling_freezes_what_is_loaded_and_raises_the_young_threshold():
@@ -30,10 +31,10 @@ def test_a_process_settles_after_a_request_that_ends_in_quiet_not_in_the_middle_
     monkeypatch.setattr(collector, "ended", 0)
     monkeypatch.setattr(collector, "settle", lambda: settled.append(True))
     monkeypatch.setattr(lifecycle.process, "open_requests", lambda: 5_000)
-    asgi.settle_collector(None)
+    handler.settle_collector(None)
     assert settled == []  # it would walk, and freeze, all 5,000
     monkeypatch.setattr(lifecycle.process, "open_requests", lambda: collector.QUIET)
-    asgi.settle_collector(None)
+    handler.settle_collector(None)
     assert settled == [True]
 
 

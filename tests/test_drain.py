@@ -1,7 +1,7 @@
 """Graceful drain on SIGTERM (D1): requests in flight finish, or end with
 their protocol's interruption event at the drain's deadline; new requests
 are refused in their caller's format; every request is recorded; the
-process exits 0. First the mechanics in-process (hopbase.lifecycle), then
+process exits 0. First the mechanics in-process (serving.lifecycle), then
 real gateways: Daphne started the contract's way, and ``manage.py serve``.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from billing import recorder as recorder_module
 from billing.models import RequestLog
-from hopbase import lifecycle
-from hopbase.lifecycle import Lifecycle
+from core import lifecycle
+from core.lifecycle import Lifecycle
 from tests.support.drain_harness import (
     DRAIN_TIMEOUT,
     UNAVAILABLE,
@@ -42,7 +43,7 @@ SHORT = "tokens=12 pace=0.1"  # about 1.1 s: ends well within the drain
 LONG = "tokens=200 pace=0.05"  # about 10 s: still open at the deadline
 
 
-# -- the mechanics (hopbase.lifecycle) -------------------------------------
+# -- the mechanics (core.lifecycle) -------------------------------------
 
 
 class FakeRecorder:
@@ -57,7 +58,7 @@ class FakeRecorder:
 @pytest.fixture
 def recorder(monkeypatch) -> FakeRecorder:
     fake = FakeRecorder()
-    monkeypatch.setattr(lifecycle, "recorder", fake)
+    monkeypatch.setattr(recorder_module, "recorder", fake)  # what the drain's flush of the request logs calls
     return fake
 
 

@@ -14,7 +14,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.test import RequestFactory
 
 from billing.models import RequestLog
-from hopbase.intake import client_headers
+from gateway.intake import client_headers
 from tests.support.wire import PROTOCOLS, call, records, wait_for_log, wait_for_records
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from hopbase import key_usage
-from hopbase.key_usage import KEY_USAGE_INTERVAL, KeyUsage, key_usage_writer, note, usage
+from gateway import key_usage
+from gateway.key_usage import KEY_USAGE_INTERVAL, KeyUsage, key_usage_writer, note, usage
 from tenants.models import ApiKey
 from tests.support.factories import make_key
 

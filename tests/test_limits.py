@@ -17,8 +17,8 @@ import redis
 from bench.tcp_proxy import TcpProxy
 from core import dependencies
 from core.errors import ErrorKind, GatewayError
-from hopbase import limits as limits_module
-from hopbase.limits import SLOTS_PREFIX, WINDOW_SECONDS, Limits, LocalCounters, RedisCounters
+from gateway.governance import limits as limits_module
+from gateway.governance.limits import SLOTS_PREFIX, WINDOW_SECONDS, Limits, LocalCounters, RedisCounters
 from tests.support.wire import call, wait_for_log, wait_for_records
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from core.errors import ErrorKind, GatewayError
-from hopbase.capacity import FD_HEADROOM, FairShare, derived_limit
+from gateway.governance.capacity import FD_HEADROOM, FairShare, derived_limit
 from tests.support.drain_harness import (
     FULL,
     WITHIN,

@@ -413,10 +413,10 @@ def test_nginx_appends_the_address_it_saw_to_x_forwarded_for(echo_behind_nginx):
 
 
 def test_the_gateway_tells_clients_apart_behind_nginx(topology):
-    """The gateway counts failed keys by client address (hopbase.auth_throttle):
+    """The gateway counts failed keys by client address (gateway.auth_throttle):
     behind nginx that address comes from X-Forwarded-For, believed only from
     the trusted proxy."""
-    pytest.importorskip("hopbase.auth_throttle")
+    pytest.importorskip("gateway.auth_throttle")
     a, b, c = (f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{n}" for n in (11, 12, 13))
 
     def bad_key(source: str, url: str, forged: str | None = None) -> int:

@@ -16,8 +16,9 @@ from django.conf import settings
 from django.db import connection
 
 from bench.tcp_proxy import TcpProxy
-from hopbase import lifecycle, readiness
-from hopbase.readiness import Probe
+from core import lifecycle
+from serving import readiness
+from serving.readiness import Probe
 from tests.support.drain_harness import WITHIN, gateway_env, readyz, start_daphne, stop_for_good
 from tests.support.processes import BIN, ROOT, free_port
 

@@ -1,7 +1,7 @@
 """The recorder: one request log per finished request, written in batches
 off the event loop, and not lost to one bad row or a dead writer. It only
 records: keys' last use, channel health and the sweep run elsewhere
-(hopbase.background)."""
+(serving.background)."""
 
 from __future__ import annotations
 

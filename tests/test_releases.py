@@ -1,11 +1,11 @@
-"""Releases (hopbase.releases): what a request holds is let go of in reverse
+"""Releases (gateway.relay.releases): what a request holds is let go of in reverse
 order, each once, all of it even when one release fails."""
 
 from __future__ import annotations
 
 import pytest
 
-from hopbase.releases import Releases
+from gateway.relay.releases import Releases
 
 
 def test_releases_run_in_reverse_order_of_taking_and_only_once():

@@ -1,6 +1,6 @@
 """Request bodies over HOPBASE_MAX_BODY_BYTES are refused while they are
-read (hopbase.twisted_web under Daphne,
-hopbase.uvicorn_web under uvicorn; every test under both): a declared length over the
+read (serving.twisted_web under Daphne,
+serving.uvicorn_web under uvicorn; every test under both): a declared length over the
 limit at once, a chunked body as soon as what was read passes the limit;
 the API answers the 413 as before (its key read, the refusal logged), and
 the connection is closed. So a client can never make a gateway process hold
@@ -57,7 +57,7 @@ def too_large(api: str, body: dict) -> bool:
 
 @pytest.fixture(scope="module", params=SERVERS)
 def gateway(world, request):
-    """Daphne's (hopbase.twisted_web) and uvicorn's (hopbase.uvicorn_web)."""
+    """Daphne's (serving.twisted_web) and uvicorn's (serving.uvicorn_web)."""
     service = start_under(request.param, HOPBASE_MAX_BODY_BYTES=str(LIMIT))
     yield service
     service.stop()

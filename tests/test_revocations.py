@@ -24,8 +24,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from bench.tcp_proxy import TcpProxy
-from hopbase import auth
-from hopbase.auth import Caller
+from gateway import auth
+from gateway.auth import Caller
 from tenants import revocations
 from tenants.models import ApiKey, hash_secret
 from tenants.revocations import MARKER_PREFIX, Refusal, Subscriber, channel_name
@@ -219,7 +219,7 @@ def test_a_redis_that_refuses_costs_the_revoker_one_short_timeout_and_no_error(c
     secret = "hb-" + "r" * 40
     cached(secret)
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="tenants.revocations"):
+    with caplog.at_level(logging.WARNING, logger="hopbase.revocations"):
         refusals = [Refusal(hash_secret(f"hb-{i}"), time.time(), f"hb-{i}") for i in range(revocations.BATCH + 1)]
         assert revocations.publish([*refusals, Refusal(hash_secret(secret), time.time(), "hb-rrrrrrrr")],
                                    url=f"redis://127.0.0.1:{free_port()}/3") is False
@@ -290,7 +290,7 @@ def test_a_message_that_is_not_ours_is_dropped_and_the_listener_goes_on(store, r
     cached(secret)
     told = Told()
     subscriber(redis_url, told)
-    with caplog.at_level(logging.WARNING, logger="tenants.revocations"):
+    with caplog.at_level(logging.WARNING, logger="hopbase.revocations"):
         store.publish(channel_name(redis_url), b'{"not": "ours"}')
         store.publish(channel_name(redis_url), json.dumps([["hb-a-secret-not-a-hash", 1.0]]))
         announce_elsewhere(store, redis_url, secret)

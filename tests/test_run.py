@@ -15,8 +15,8 @@ import pytest
 from channels_pool.upstream import Attempt
 from core.errors import INTERRUPTED_MESSAGE, PROVIDER_ERROR_MESSAGE, STALLED_MESSAGE
 from core.vocabulary import RequestStatus
-from hopbase import delivery
-from hopbase.drain import Drain
+from gateway.relay import delivery
+from gateway.relay.drain import Drain
 from providers.apis import CHAT, GEMINI_CACHES
 from providers.openai.chat import ChatWatcher
 from tests.support.relay_fakes import (

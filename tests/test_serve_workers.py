@@ -2,7 +2,7 @@
 listen backlog, keep-alive connections kept and then closed when idle, no
 access line (Gemini's ``?key=``), under both servers; a worker that has
 drained goes on answering until its peers have too, so none resets the
-connections queued on its socket (hopbase.worker_group); and an operator's
+connections queued on its socket (serving.worker_group); and an operator's
 PROMETHEUS_MULTIPROC_DIR keeps the files of processes still running."""
 
 from __future__ import annotations

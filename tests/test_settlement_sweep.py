@@ -104,7 +104,7 @@ def test_without_redis_the_gateway_sweeps_in_process_and_with_redis_beat_does(se
     job = settlement_sweep()
     assert job is not None and job._interval == 42
     assert job._first_delay == settlement.SWEEP_DELAY.total_seconds()  # soon after start-up
-    assert not job.running  # made, not started: hopbase.background starts it
+    assert not job.running  # made, not started: serving.background starts it
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
     assert in_process_sweep_interval() is None
     assert settlement_sweep() is None

@@ -4,7 +4,7 @@ terms when one has no room, and its charge replaces the reservation when it
 ends, whatever the ending; thresholds and exhaustion raise their alerts;
 budgets that cannot be checked refuse rather than let spend through.
 
-Mirrors hopbase/spend.py, on the in-process store (billing.budgets.store has
+Mirrors gateway/governance/spend.py, on the in-process store (billing.budgets.store has
 the Redis semantics); the same through a gateway is test_spend_gateway.py.
 """
 
@@ -26,9 +26,9 @@ from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 from core.usage import Usage
 from core.vocabulary import ApiName, RequestStatus
-from hopbase import spend as spend_module
-from hopbase.auth import Caller
-from hopbase.spend import Spend
+from gateway.auth import Caller
+from gateway.governance import spend as spend_module
+from gateway.governance.spend import Spend
 from providers.apis import CHAT, EMBEDDINGS, GEMINI, MESSAGES
 from providers.base import MEDIA_TOKENS, TOOLS_PREAMBLE_TOKENS, dumps
 from tests.support.factories import make_key, make_price, make_tenant

@@ -21,8 +21,8 @@ from django.conf import settings as django_settings
 from bench.tcp_proxy import TcpProxy
 from core import dependencies
 from core.errors import ErrorKind, GatewayError
-from hopbase import token_limits as token_limits_module
-from hopbase.token_limits import PREFIX, LocalTokens, RedisTokens, Take, TokenLimits
+from gateway.governance import token_limits as token_limits_module
+from gateway.governance.token_limits import PREFIX, LocalTokens, RedisTokens, Take, TokenLimits
 from tests.support.processes import ROOT
 
 
@@ -345,7 +345,7 @@ import asyncio, json, sys
 import django
 django.setup()
 from core.errors import GatewayError
-from hopbase.token_limits import token_limits
+from gateway.governance.token_limits import token_limits
 
 key, limit, count, tokens = (int(a) for a in sys.argv[1:])
 

@@ -2,8 +2,6 @@
 delivery attempt under it. Read-only for everyone: an alert is a record of
 what HopBase did, never edited by hand. Operators and finance see them
 (billing.view_budgetalert and billing.view_webhookattempt, tenants.roles).
-
-Imported by the last line of billing.admin, which defines ReadOnlyAdmin.
 """
 
 from __future__ import annotations
@@ -13,8 +11,8 @@ from django.db.models import Count
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from billing.admin import ReadOnlyAdmin
 from billing.models import BudgetAlert, WebhookAttempt
+from billing.read_only_admin import ReadOnlyAdmin
 
 
 class WebhookAttemptInline(admin.TabularInline):

@@ -47,8 +47,9 @@ from enum import StrEnum
 from functools import partial
 
 import httpx
+from celery import shared_task
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from billing.budgets.windows import Window
@@ -245,11 +246,43 @@ async def _post_within(url: str, body: bytes, secret: str, deadline: float) -> i
                 return response.status_code
 
 
+# The delivery task (named in billing.tasks, where the worker finds it): the
+# work above, with the retries.
+
+
+@shared_task(bind=True, name="billing.tasks.deliver_budget_alert", ignore_result=True, max_retries=None)
+def deliver_budget_alert(self, budget_id: int, alert_type: str, window_start: str, window_end: str | None,
+                         spent_usd: str) -> str:
+    """Record the alert (once per budget, type and window) and try to deliver
+    it; a failure is retried after retry_delay(n) seconds, up to
+    HOPBASE_WEBHOOK_MAX_RETRIES times. Every run, first or retry, first looks
+    whether the alert is delivered already, so none posts it twice."""
+    window = Window(datetime.fromisoformat(window_start),
+                    datetime.fromisoformat(window_end) if window_end is not None else None)
+    try:
+        outcome = deliver(budget_id, AlertType(alert_type), window, Decimal(spent_usd))
+    except (OperationalError, InterfaceError) as error:
+        # The database is away: the alert is neither lost nor sent, only later.
+        log.warning("budget alert %s of budget %s waits for the database (%s)", alert_type, budget_id, error)
+        outcome = Delivery.FAILED
+    if not outcome.retry:
+        return outcome.value
+    retries = self.request.retries
+    if retries >= settings.HOPBASE_WEBHOOK_MAX_RETRIES:
+        log.error("budget alert %s of budget %s given up after %d retries", alert_type, budget_id, retries)
+        return "given up"
+    countdown = retry_delay(retries)
+    args = (budget_id, alert_type, window_start, window_end, spent_usd)
+    if self.request.is_eager:
+        # Celery runs an eager task's retry at once, countdown ignored; without
+        # a broker the alerts' own thread keeps the backoff instead.
+        dispatcher.later(countdown, partial(deliver_budget_alert.apply, args=args, retries=retries + 1))
+        return "retry scheduled"
+    raise self.retry(args=args, countdown=countdown)
+
+
 def send_alert(args: AlertArgs) -> None:
     """Publish the delivery task (in eager mode, without REDIS_URL, run it here)."""
-    # Imported here: billing.tasks imports this module for the task's work.
-    from billing.tasks import deliver_budget_alert
-
     # retry=False: one publish attempt, bounded by the broker timeouts in
     # settings; the dispatcher retries a failed publish itself.
     deliver_budget_alert.apply_async(args, retry=False)

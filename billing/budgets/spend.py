@@ -5,7 +5,7 @@ applied, as settlement charges them) of the requests made in it that
 settlement has charged: the same rows and amounts as the export, so
 ``budgets --format jsonl`` and ``exportbilling`` agree to the last decimal.
 Requests still in flight are the gateway's reservations
-(``hopbase.spend``), not spend.
+(``gateway.governance.spend``), not spend.
 """
 
 from __future__ import annotations

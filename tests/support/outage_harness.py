@@ -183,7 +183,7 @@ def slot_counts(rig: Rig) -> dict[str, int]:
     leases left out), read straight from Redis."""
     import redis as redis_lib
 
-    from hopbase.limits import SLOTS_PREFIX
+    from gateway.governance.limits import SLOTS_PREFIX
 
     client = redis_lib.Redis.from_url(settings.REDIS_URL)
     now_ms = int(client.time()[0] * 1000)

@@ -20,10 +20,10 @@ import httpx
 from channels_pool.affinity import ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelInfo
-from hopbase.auth import Caller
-from hopbase.drain import Drain
-from hopbase.limits import Limits, LocalCounters
-from hopbase.relay import Relay, Timings
+from gateway.auth import Caller
+from gateway.governance.limits import Limits, LocalCounters
+from gateway.relay.drain import Drain
+from gateway.relay.relay import Relay, Timings
 
 
 @dataclass

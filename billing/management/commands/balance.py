@@ -7,8 +7,9 @@ a script can read it with ``Decimal`` and lose nothing.
 
 from __future__ import annotations
 
-from core.commands import OperatorCommand, find_tenant
+from core.commands import OperatorCommand
 from core.money import usd_text
+from tenants.commands import find_tenant
 
 
 class Command(OperatorCommand):

@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from billing.budgets.status import Standing, standings
 from billing.models import Budget
-from core.commands import OperatorCommand, find_tenant
+from core.commands import OperatorCommand
 from core.money import usd_text
+from tenants.commands import find_tenant
 
 FORMATS = ("text", "jsonl")
 

@@ -15,7 +15,8 @@ from django.db.models import QuerySet
 
 from billing.exports import ENCODERS, Row, export_queryset, export_rows
 from billing.models import RequestLog
-from core.commands import OperatorCommand, find_tenant, parse_moment
+from core.commands import OperatorCommand, parse_moment
+from tenants.commands import find_tenant
 
 Encoder = Callable[[Iterable[Row]], Iterator[str]]
 

@@ -31,8 +31,9 @@ from billing.budgets.windows import describe, window_at
 from billing.exports import utc_iso
 from billing.models import Budget
 from core import audit
-from core.commands import OperatorCommand, checked, find_tenant, parse_usd
+from core.commands import OperatorCommand, checked, parse_usd
 from core.money import usd_text
+from tenants.commands import find_tenant
 from tenants.models import ApiKey, Tenant
 
 

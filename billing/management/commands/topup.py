@@ -7,8 +7,9 @@ from django.db import transaction
 
 from billing.ledger import top_up, topped_up
 from core import audit
-from core.commands import OperatorCommand, find_tenant, parse_usd
+from core.commands import OperatorCommand, parse_usd
 from core.money import usd_text
+from tenants.commands import find_tenant
 
 
 class Command(OperatorCommand):

@@ -17,7 +17,8 @@ from django.db import transaction
 from console.members import MemberError, add_member
 from console.models import Role
 from core import audit
-from core.commands import OperatorCommand, find_tenant
+from core.commands import OperatorCommand
+from tenants.commands import find_tenant
 
 FLAGS = {"email": "EMAIL", "role": "--role", "password": "password"}
 

@@ -15,7 +15,8 @@ from django.core.management.base import CommandError
 from console import invitations
 from console.models import Role
 from core import audit
-from core.commands import OperatorCommand, find_tenant
+from core.commands import OperatorCommand
+from tenants.commands import find_tenant
 
 
 class Command(OperatorCommand):

@@ -24,9 +24,10 @@ from billing.budgets.options import parse_budget_period
 from billing.budgets.windows import describe
 from billing.models import Budget
 from core import audit
-from core.commands import OperatorCommand, checked, find_tenant, parse_moment, parse_optional_positive, parse_usd
+from core.commands import OperatorCommand, checked, parse_moment, parse_optional_positive, parse_usd
 from core.model_names import parse_required_model_names
 from core.money import usd_text
+from tenants.commands import find_tenant
 from tenants.models import ApiKey
 
 

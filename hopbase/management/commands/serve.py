@@ -12,7 +12,7 @@ burst, so the few keep-alive connections of a load balancer or an SDK's
 pool, opened together, would all land on one worker.
 The workers are stateless, so any number can share the port. On SIGINT or
 SIGTERM they all drain (rule D1) and stop together once every one has
-drained (hopbase.worker_group: a worker that stopped early would reset the
+drained (serving.worker_group: a worker that stopped early would reset the
 connections queued on its socket); it stops them all when any of them dies.
 """
 
@@ -181,7 +181,7 @@ class Command(BaseCommand):
 
 
 def wait_until_drained(children: list[subprocess.Popen], drained: int) -> None:
-    """Until every worker has said it drained (hopbase.worker_group) or has
+    """Until every worker has said it drained (serving.worker_group) or has
     ended. Each worker's drain is bounded (HOPBASE_DRAIN_TIMEOUT and the
     flushes after it), so this is too."""
     said: set[int] = set()

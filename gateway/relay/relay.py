@@ -6,13 +6,13 @@ content token, failover before it, then the committed stream (rules F, B1).
       -> hold: attempt channel after channel until one yields a content
          token (or its terminal event, or the hold cap passes)
       -> commit: status, headers, the held preamble and that token go out
-         together; then events pass through unchanged (hopbase.delivery)
+         together; then events pass through unchanged (gateway.relay.delivery)
       -> one Finished record to the recorder, whatever happened
 
 Nothing here knows which API it is relaying: the protocol module marks
 events and renders errors. A ``Relay`` is built from its collaborators (an
 HTTP client, the health board, limits, affinity, the recorder, the channel
-directory, timings), so tests can hand it fakes; ``hopbase.gateway`` builds
+directory, timings), so tests can hand it fakes; ``gateway.assembly`` builds
 the real one.
 """
 
@@ -45,15 +45,15 @@ from core.errors import (
 )
 from core.surcharges import beta_surcharges, without
 from core.vocabulary import RequestStatus
-from hopbase.auth import Caller
-from hopbase.capacity import FairShare
-from hopbase.drain import Drain
-from hopbase.ending import DRAIN_RETRY_AFTER, Committed
-from hopbase.limits import POLL_SECONDS, Limits
-from hopbase.releases import Releases
-from hopbase.reply import STREAM_HEADERS, Reply, error_reply
-from hopbase.run import Run
-from hopbase.spend import Spend, Unmetered
+from gateway.auth import Caller
+from gateway.governance.capacity import FairShare
+from gateway.governance.limits import POLL_SECONDS, Limits
+from gateway.governance.spend import Spend, Unmetered
+from gateway.relay.drain import Drain
+from gateway.relay.ending import DRAIN_RETRY_AFTER, Committed
+from gateway.relay.releases import Releases
+from gateway.relay.run import Run
+from gateway.reply import STREAM_HEADERS, Reply, error_reply
 from providers.base import Api, Mark, RequestFacts, dumps
 from providers.embedding_legs import EmbeddingLegs
 from providers.legs import TOO_DEEP, Legs, learn_responses_only, legs_for
@@ -72,7 +72,7 @@ class Recorder(Protocol):
 
 
 class Meter:
-    """What the relay reports as it goes (hopbase.metrics counts it); this
+    """What the relay reports as it goes (gateway.metrics counts it); this
     one notes nothing."""
 
     def attempt(self, channel: ChannelInfo, outcome: str) -> None:

@@ -4,7 +4,7 @@ front: a head (request line and headers) over MAX_HEAD_BYTES is answered
 of its first byte (or of the connection, for one that sends nothing) is
 answered 408 and closed. Unbounded, one connection could make a worker hold
 any amount of headers, and a few hundred half-sent heads its sockets.
-hopbase.uvicorn_web and hopbase.twisted_web apply them; the answers are
+serving.uvicorn_web and serving.twisted_web apply them; the answers are
 plain text: no key has been read, so there is no caller's format yet."""
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
-"""The gateway process's life as a server: serving, then draining (rule D1).
+"""A process's life as a server, as its requests see it: serving, then
+draining (rule D1), with the requests it has open.
 
-Under uvicorn (``manage.py serve``'s default), hopbase.uvicorn_web's
-server begins the drain on SIGTERM (or SIGINT) and awaits ``shut_down``
-before uvicorn stops listening. Under Daphne, this module hooks Twisted.
+The server's side (serving.lifecycle, serving.uvicorn_web) begins the
+drain and awaits ``Lifecycle.drained()``; a request's own work reads
+``is_draining()``, ``drain_deadline()`` and ``drain_signal()``
+(gateway.relay.delivery ends a stream still open at the deadline with its
+protocol's interruption event, and a held answer with table E's 503).
 
-Daphne runs on Twisted's asyncio reactor. On SIGTERM (or SIGINT) the
-reactor fires its ``shutdown`` system event in phases:
-
-- ``before``: its triggers are called in the order they were added, and the
-  shutdown waits for the Deferreds they return. Daphne 4.2.3 adds one
-  (``Server.kill_all_applications``) that cancels every application task;
-- ``during``: Twisted stops listening, drops every client socket and stops
-  the loop; Daphne returns and the process exits 0.
-
-Until ``during`` the listening socket and the clients' sockets stay open.
-So a graceful drain takes two pieces, both here:
-
-1. ``install()``, called when hopbase.asgi is imported (before Daphne's
-   ``Server.run`` adds its own trigger, so ours runs first), adds a
-   ``before`` trigger that starts the drain and returns a Deferred for
-   ``Lifecycle.drained()``: every request ended (those still open
-   ``GRACE`` seconds after the deadline are cancelled), the request logs
-   flushed, and what Twisted still had to send written out.
-2. ``Lifecycle.see_through()`` runs each API request's work as a task of
-   its own and hands Daphne a ``SeenThrough`` future for it, whose
-   cancellation, while draining, does not reach the work.
-
-Meanwhile a new request is refused (hopbase.admission), ``/readyz`` says
-503 (hopbase.readiness), and a request's own work reads ``is_draining()``
-and ``drain_deadline()``: hopbase.delivery ends a stream still open at the
-deadline with its protocol's interruption event, and a held answer with
-table E's 503.
+What must be written out once every request has ended joins with
+``flush_when_drained`` when it is made (the key limits' and budgets'
+slots and charges Redis has not taken yet, the request logs), so the
+process's life knows nothing of what it flushes.
 """
 
 from __future__ import annotations
@@ -38,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -47,11 +26,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
-from billing.recorder import recorder
 from core import loggers
-from hopbase import worker_group
-from hopbase.limits import limits
-from hopbase.spend import spend
 
 log = logging.getLogger(loggers.LIFECYCLE)
 T = TypeVar("T")
@@ -61,11 +36,15 @@ T = TypeVar("T")
 # may take to unwind (release, record).
 GRACE = 1.0
 UNWIND = 1.0
-# The longest wait for the request logs to be written, and for Twisted to
-# send what the last requests wrote.
-FLUSH_TIMEOUT = 10.0
-LIMITS_FLUSH_TIMEOUT = 2.0
-WRITE_OUT_TIMEOUT = 2.0
+
+# Flushed in the order they joined, once every request of a drain has ended.
+_flushes: list[Callable[[], Awaitable[None]]] = []
+
+
+def flush_when_drained(flush: Callable[[], Awaitable[None]]) -> None:
+    """Await ``flush()`` at the end of every drain, after the last request
+    ended (it bounds its own wait; a failure is logged, not raised)."""
+    _flushes.append(flush)
 
 
 class Lifecycle:
@@ -77,7 +56,7 @@ class Lifecycle:
         self.deadline: float | None = None
         self._open: set[asyncio.Task[None]] = set()
         self._signals: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Event] = weakref.WeakKeyDictionary()
-        # What to close once drained, on the loop that made it (hopbase.gateway's HTTP clients).
+        # What to close once drained, on the loop that made it (gateway.assembly's HTTP clients).
         self._closers: list[tuple[asyncio.AbstractEventLoop, Callable[[], Awaitable[None]]]] = []
 
     def close_when_drained(self, close: Callable[[], Awaitable[None]]) -> None:
@@ -150,12 +129,11 @@ class Lifecycle:
                     log.error("drain: %d requests did not end when cut; exiting without them", len(still_open))
                     break
             await asyncio.wait(still_open, timeout=wait)
-        # Slots given back while Redis was away: removed now if it answers,
-        # rather than left counted until they lapse.
-        await limits.flush(LIMITS_FLUSH_TIMEOUT)
-        await spend.flush(LIMITS_FLUSH_TIMEOUT)  # charges Redis has not taken yet
-        if not await asyncio.wrap_future(daemon_call(recorder.flush, FLUSH_TIMEOUT)):
-            log.error("drain: request logs not all written within %.0f s", FLUSH_TIMEOUT)
+        for flush in _flushes:
+            try:
+                await flush()
+            except Exception:
+                log.exception("flushing %r at the end of the drain failed", flush)
         log.warning("drained")
 
 
@@ -227,50 +205,3 @@ def daemon_call(function: Callable[..., T], *args: Any) -> concurrent.futures.Fu
 
     threading.Thread(target=run, name=f"hopbase-{getattr(function, '__name__', 'call')}", daemon=True).start()
     return future
-
-
-_installed = False
-
-
-def install(lifecycle: Lifecycle = process) -> None:
-    """Drain on the reactor's shutdown, once, when Daphne's Twisted reactor
-    is installed (daphne.server does that on import, before the application
-    is imported); elsewhere (tests, commands) nothing to do."""
-    global _installed
-    reactor = sys.modules.get("twisted.internet.reactor")
-    if reactor is None or _installed:
-        return
-    from twisted.internet.defer import Deferred
-
-    def before_shutdown() -> Deferred[None]:
-        lifecycle.begin_drain()
-        return Deferred.fromFuture(asyncio.ensure_future(shut_down(lifecycle, lambda: written_out(reactor))))
-
-    reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
-    _installed = True
-
-
-async def shut_down(lifecycle: Lifecycle, written_out: Callable[[], Awaitable[None]] | None = None) -> None:
-    """The drain, once begun, to its end: every request ended and recorded,
-    what the server still had to send written out, the upstream clients
-    closed, and (under ``manage.py serve``) every peer worker drained too
-    (hopbase.worker_group). Then the server may stop listening."""
-    try:
-        await lifecycle.drained()
-        if written_out is not None:
-            await written_out()
-        await lifecycle.close_all()
-        await worker_group.drained_with_peers()
-    except Exception:
-        log.exception("drain failed")
-
-
-async def written_out(reactor: Any) -> None:
-    """Wait (a little) until Twisted has sent every buffered byte: its
-    ``during`` phase drops sockets with what is still in their buffers, and
-    the last thing a drained stream wrote is its ending. Twisted keeps a
-    socket among its writers exactly while it has bytes to send, and has no
-    event for it, so this polls."""
-    deadline = time.monotonic() + WRITE_OUT_TIMEOUT
-    while reactor.getWriters() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)

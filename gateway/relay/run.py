@@ -1,6 +1,6 @@
 """One request's life in the relay: what it holds, what it has learned, and
 its one record (rules M, S1, B1). Its committed answer is passed on, streamed
-or assembled whole, by ``hopbase.delivery``.
+or assembled whole, by ``gateway.relay.delivery``.
 
 Everything a request holds (its key slot, its channel's slot, the attempt
 itself) is entered into ``Run.resources`` the moment it is taken, and the
@@ -20,16 +20,16 @@ from channels_pool.selection import ChannelInfo
 from channels_pool.upstream import Attempt
 from core.usage import Usage
 from core.vocabulary import RequestStatus
-from hopbase import delivery
-from hopbase.auth import Caller
-from hopbase.ending import Committed, Ending
-from hopbase.releases import Releases
-from hopbase.reply import Reply
+from gateway.auth import Caller
+from gateway.relay import delivery
+from gateway.relay.ending import Committed, Ending
+from gateway.relay.releases import Releases
+from gateway.reply import Reply
 from providers.base import Api, RequestFacts, StreamWatcher
 
 if TYPE_CHECKING:
-    from hopbase.relay import Relay
-    from hopbase.spend import Hold
+    from gateway.governance.spend import Hold
+    from gateway.relay.relay import Relay
     from providers.embedding_legs import EmbeddingLegs
     from providers.legs import Legs
 
@@ -57,7 +57,7 @@ class Run:
         self.started = time.monotonic()
         self.resources = Releases()
         self.attempts = 0
-        self.hold: Hold | None = None  # its budgets' reservation and TPM count (hopbase.spend)
+        self.hold: Hold | None = None  # its budgets' reservation and TPM count (gateway.governance.spend)
         self.channel: ChannelInfo | None = None
         self.upstream_model = ""  # the model name the channel was sent (an alias's upstream name)
         self.watcher: StreamWatcher | None = None
@@ -89,7 +89,7 @@ class Run:
         costs nothing (B5)."""
         return status if self.ttft_ms is not None else Status.FAILED
 
-    # -- after the commit (M1–M6, S1): hopbase.delivery ------------------
+    # -- after the commit (M1–M6, S1): gateway.relay.delivery ------------------
 
     def stream(self, committed: Committed) -> AsyncIterator[bytes]:
         """The client's bytes from a committed attempt up to its end, with

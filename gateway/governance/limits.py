@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from core import loggers
+from core import lifecycle, loggers
 from core.dependencies import LoopRedis, StoreDown
 from core.errors import ErrorKind, GatewayError
 
@@ -53,6 +53,8 @@ MAX_PENDING_RELEASES = 10_000
 # While releases wait, how often Redis is asked again (the breaker decides
 # whether a call is even tried), and how long a drain waits for them.
 RELEASE_RETRY_SECONDS = 1.0
+# The longest a drain waits for Redis to take the slots given back while it was away.
+FLUSH_TIMEOUT = 2.0
 
 
 STORE_ERRORS = (OSError, RedisError, StoreDown)
@@ -377,3 +379,8 @@ class Limits:
 
 
 limits = Limits()
+
+
+# Slots given back while Redis was away: removed at the end of a drain if it
+# answers, rather than left counted until they lapse.
+lifecycle.flush_when_drained(lambda: limits.flush(FLUSH_TIMEOUT))

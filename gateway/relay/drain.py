@@ -1,4 +1,4 @@
-"""What the relay sees of a graceful drain (rule D1); hopbase.lifecycle
+"""What the relay sees of a graceful drain (rule D1); serving.lifecycle
 begins it and sets its deadline."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from channels_pool.upstream import Attempt
 
 
 class Drain:
-    """What the relay sees of a graceful drain (hopbase.lifecycle): when the
+    """What the relay sees of a graceful drain (serving.lifecycle): when the
     requests still open are to end, and a wake-up, when the drain begins,
     for every attempt that is waiting on its channel."""
 

@@ -1,12 +1,12 @@
 """What HopBase changes in uvicorn, the server ``manage.py serve`` runs by
-default (-> request), as hopbase.twisted_web does for Daphne: what the
+default (-> request), as serving.twisted_web does for Daphne: what the
 server must do for the gateway that ASGI cannot say.
 
 - A request body over ``HOPBASE_MAX_BODY_BYTES`` is refused while it is
-  read (``HopBaseHttpTools``), the way hopbase.twisted_web refuses it
+  read (``HopBaseHttpTools``), the way serving.twisted_web refuses it
   under Daphne: a declared length at once, a chunked body as soon as what
   was read passes the limit. An API request is then handed on with no body
-  and a Content-Length over the limit, so hopbase.intake answers table E's
+  and a Content-Length over the limit, so gateway.intake answers table E's
   413 in the caller's format; anything else gets a plain 413 here. What the
   client still sends is dropped unparsed; the answer carries ``Connection:
   close``, then the sending side is closed, and the connection
@@ -17,13 +17,13 @@ server must do for the gateway that ASGI cannot say.
 - A client that stops reading: uvicorn's ``send`` waits, before writing,
   while the connection's unsent bytes are over the transport's high-water
   mark. That mark is set to ``HOPBASE_MAX_UNSENT_BYTES``, so past it the
-  stream learns it has fallen behind (hopbase.backpressure reads the
+  stream learns it has fallen behind (gateway.relay.backpressure reads the
   transport's buffer) and ends with its interruption event, as under
   Daphne; what waits is bounded by the mark, plus one write.
 - SIGTERM and SIGINT drain the process (rule D1, ``DrainingServer``): the
   socket keeps listening while requests in flight end and new ones are
   refused (503, ``/readyz`` too), and only then does uvicorn stop.
-- A request's head is bounded in size and time (hopbase.request_heads):
+- A request's head is bounded in size and time (serving.request_heads):
   431 past 64 KiB, 408 when not complete within HOPBASE_HEAD_TIMEOUT.
 - Anthropic's 529 goes out as ``529 Overloaded``, not with an empty reason.
 """
@@ -42,10 +42,10 @@ from django.conf import settings
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from core import loggers
-from hopbase import lifecycle
-from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
-from hopbase.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
+from core import lifecycle, loggers
+from serving.lifecycle import shut_down
+from serving.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
+from serving.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
 
 log = logging.getLogger(loggers.UVICORN_WEB)
 
@@ -134,7 +134,7 @@ class HopBaseHttpTools(HttpToolsProtocol):
     def _refuse(self, why: str) -> None:
         """The request, handed on with no body (an API path) or answered
         here with a plain 413; the connection closed once answered."""
-        from hopbase.asgi import API_PREFIXES
+        from serving.handler import API_PREFIXES
 
         self._refused = True
         cycle = self.cycle
@@ -186,7 +186,7 @@ class Lingering:
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, draining on SIGTERM or SIGINT before it stops
-    (hopbase.lifecycle): uvicorn's own shutdown stops listening at once,
+    (serving.lifecycle): uvicorn's own shutdown stops listening at once,
     and a connection queued on the socket would be reset. A second SIGINT
     stops at once."""
 
@@ -216,7 +216,7 @@ class DrainingServer(uvicorn.Server):
 
     async def _drained(self) -> None:
         try:
-            await lifecycle.shut_down(lifecycle.process)
+            await shut_down(lifecycle.process)
         finally:
             self.should_exit = True
 
@@ -239,7 +239,7 @@ def serve(application: Any, listener: socket.socket, keep_alive: float, backlog:
         server_header=False,
         backlog=backlog,  # the loop listens on the socket again, with this
         timeout_keep_alive=keep_alive,  # type: ignore[arg-type]
-        # After the drain (hopbase.lifecycle) only idle connections are left.
+        # After the drain (serving.lifecycle) only idle connections are left.
         timeout_graceful_shutdown=int(lifecycle.GRACE + lifecycle.UNWIND) + 1,
     )
     DrainingServer(config).run(sockets=[listener])

@@ -1,20 +1,18 @@
 """One thin async view per endpoint (P1–P5, B8); the work is in
-hopbase.intake (generation, model lists) and billing.usage (usage)."""
+gateway.intake (generation, model lists) and billing.usage (usage)."""
 
 from __future__ import annotations
 
 import json
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from billing.usage import parse_page, read_page
-from channels_pool.selection import directory
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import database_call
-from hopbase import counting, intake, metrics, readiness
-from hopbase.intake import Call, authorized
+from gateway import counting, intake
+from gateway.intake import Call, authorized
 from providers.apis import CHAT, EMBEDDINGS, GEMINI, GEMINI_CACHES, GEMINI_EMBEDDINGS, MESSAGES, RESPONSES
 from providers.base import Api
 
@@ -125,23 +123,3 @@ async def unknown_openai_path(request: HttpRequest, rest: str) -> HttpResponse:
 @csrf_exempt
 async def unknown_gemini_path(request: HttpRequest, version: str, rest: str) -> HttpResponse:
     return intake.unknown_path(GEMINI)
-
-
-async def healthz(request: HttpRequest) -> HttpResponse:
-    await directory.all()
-    return JsonResponse({"status": "ok", "unknown_key_requests": intake.unknown_key_count()})
-
-
-async def readyz(request: HttpRequest) -> HttpResponse:
-    status, body = await readiness.report()
-    # A 503 while starting or draining is the answer asked for, not an error.
-    return intake.quiet(JsonResponse(body, status=status, headers={"cache-control": "no-store"}))
-
-
-async def metrics_text(request: HttpRequest) -> HttpResponse:
-    if not metrics.authorized(request):
-        response = JsonResponse({"error": {"message": "A bearer token is required.", "type": "invalid_request_error"}}, status=401)
-        response["www-authenticate"] = "Bearer"
-        return intake.quiet(response)
-    body = await metrics.exposition(await readiness.dependencies())
-    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -14,7 +14,7 @@ reads it from the server's own objects, a stream's ``send``
 - uvicorn's ``send`` is its request cycle's bound method, and the cycle's
   asyncio transport says its own buffer's size. uvicorn waits, before
   writing, while that is over the transport's high-water mark, which
-  hopbase.uvicorn_web sets to ``HOPBASE_MAX_UNSENT_BYTES``: one write takes
+  serving.uvicorn_web sets to ``HOPBASE_MAX_UNSENT_BYTES``: one write takes
   it past, and the stream then ends.
 
 On any other server ``unsent_counter`` says None and nothing is bounded here.

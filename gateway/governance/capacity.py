@@ -2,7 +2,7 @@
 
 The capacity is ``HOPBASE_MAX_OPEN_REQUESTS``, or else derived from
 ``RLIMIT_NOFILE`` and ``HOPBASE_UPSTREAM_MAX_CONNECTIONS``; the front door
-(``hopbase.admission``) refuses what is beyond it before any key is read.
+(``serving.admission``) refuses what is beyond it before any key is read.
 
 Fair share (G8): no tenant holds more than its share of it, so one
 tenant's burst is refused its excess rather than filling the process and

@@ -35,8 +35,8 @@ from core import loggers
 from core.errors import ErrorKind, GatewayError, UpstreamFailure
 from core.usage import Usage, estimate_tokens
 from core.vocabulary import RequestStatus
-from hopbase import gateway
-from hopbase.intake import Call, admit, error_response, parse_facts, read_json
+from gateway import assembly
+from gateway.intake import Call, admit, error_response, parse_facts, read_json
 from providers.base import RequestFacts, dumps
 from providers.kinds import AuthFailed, Operation, UpstreamRequest
 from providers.kinds import Call as KindCall
@@ -76,7 +76,7 @@ GEMINI_COUNTING = CountingApi(_gemini_facts, lambda tokens: {"totalTokens": toke
 
 
 async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] | None = None) -> HttpResponse:
-    caller, limits = call.caller, gateway.relay().limits
+    caller, limits = call.caller, assembly.relay().limits
     model = (route or {}).get("model", "")
     try:
         body, raw = read_json(call.request, call.headers)
@@ -86,7 +86,7 @@ async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] 
         await admit(caller, facts.model)
         held = await limits.admit_key(caller.key_id, caller.rpm, caller.concurrency)
     except GatewayError as error:
-        gateway.recorder.record(caller.finished(call.request_id, call.api.name, RequestStatus.REJECTED, model=model,
+        assembly.recorder.record(caller.finished(call.request_id, call.api.name, RequestStatus.REJECTED, model=model,
                                                 error_kind=error.kind.value))
         return error_response(call.api, error)
     try:
@@ -97,7 +97,7 @@ async def count_tokens(call: Call, counting: CountingApi, route: dict[str, str] 
         if held:
             limits.release_key(caller.key_id)
     status, error_kind = (RequestStatus.COMPLETED, "") if channels else (RequestStatus.REJECTED, "model_not_found")
-    gateway.recorder.record(caller.finished(
+    assembly.recorder.record(caller.finished(
         call.request_id, call.api.name, status, model=facts.model, error_kind=error_kind, attempts=len(asked),
         channel_id=asked[-1].id if asked else None, channel_name=asked[-1].name if asked else "",
         usage=Usage(input_reported=True, output_reported=True)))  # counting is not billed
@@ -114,7 +114,7 @@ async def _counted_by_a_channel(legs: Legs, channels: list[ChannelInfo],
                                 client_headers: dict[str, str]) -> tuple[int | None, list[ChannelInfo]]:
     """The count from the first channel that answers (None: it refused, or
     none answered), and the channels asked."""
-    http = gateway.relay().http
+    http = assembly.relay().http
     asked: list[ChannelInfo] = []
     for channel in channels:
         if not channel.kind.serves(Operation.COUNT):

@@ -5,7 +5,7 @@ background.
 only keeps the latest time per key in memory, under a lock held for a dict
 look-up, so it costs nothing on the event loop. Every KEY_USAGE_INTERVAL
 seconds a thread of its own (``core.periodic``, started by
-``hopbase.background``) writes what was noted, in one transaction, keys in
+``serving.background``) writes what was noted, in one transaction, keys in
 id order (so several gateway processes cannot deadlock on each other's
 keys), and only ever moves a key's time forward. What a failed write could
 not store is kept for the next tick; a clean exit writes once more.

@@ -25,13 +25,13 @@ from channels_pool.selection import directory
 from core.client_address import client_address
 from core.errors import ErrorKind, GatewayError
 from core.vocabulary import ApiName, RequestStatus
-from hopbase import gateway, key_usage
-from hopbase.auth import Caller, key_from_request, keys
-from hopbase.auth_throttle import THROTTLED_MESSAGE, failures
-from hopbase.body_keys import repeated_key
-from hopbase.metrics import refusals_total
-from hopbase.reply import Reply, error_reply
-from hopbase.run import new_request_id
+from gateway import assembly, key_usage
+from gateway.auth import Caller, key_from_request, keys
+from gateway.auth_throttle import THROTTLED_MESSAGE, failures
+from gateway.body_keys import repeated_key
+from gateway.metrics import refusals_total
+from gateway.relay.run import new_request_id
+from gateway.reply import Reply, error_reply
 from providers.base import Api, RequestFacts, dumps
 
 REQUEST_ID_HEADER = "x-hopbase-request-id"
@@ -150,7 +150,7 @@ async def identify(request: HttpRequest, headers: dict[str, str], api: Api) -> C
     """The caller, or None for no such key (a failed authentication, counted
     against the client's address). Raises ``GatewayError`` (429) while the
     address is over its limit of failures, unless the key is one this
-    process already knows is live (hopbase.auth_throttle)."""
+    process already knows is live (gateway.auth_throttle)."""
     global _unknown_keys
     # ?key= only where Gemini's SDK sends it: elsewhere no key rides in a URL.
     secret = key_from_request(headers, request.GET.get("key") if api.name == ApiName.GEMINI else None)
@@ -216,7 +216,7 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
     """Serve one generation request (or a Gemini cache creation, or embeddings)."""
     model = (route or {}).get("model", "")
     try:
-        if gateway.recorder.spool.full:
+        if assembly.recorder.spool.full:
             # Nothing may be served that could not be recorded (D2); and the
             # refusal itself is counted, not recorded: recording it would
             # grow the spool it is refused for, without bound.
@@ -233,9 +233,9 @@ async def serve(call: Call, route: dict[str, str] | None = None) -> HttpResponse
         rejected = call.caller.finished(
             call.request_id, call.api.name, RequestStatus.REJECTED, model=model, error_kind=error.kind.value
         )
-        gateway.recorder.record(rejected)
+        assembly.recorder.record(rejected)
         return error_response(call.api, error)
-    reply = await gateway.relay().serve(call.request_id, call.api, call.caller, facts, call.headers)
+    reply = await assembly.relay().serve(call.request_id, call.api, call.caller, facts, call.headers)
     return to_response(reply)
 
 

@@ -2,9 +2,9 @@
 streamed, with keep-alives in the client's silences, or assembled whole,
 its events marked as the attempt reads them. Either runs to the answer's
 end: its terminal event, the provider's error, the channel hanging up, the
-stall timeout, a drain's deadline (``hopbase.drain``) or a client too slow
-to keep up; how it ended is an ``Ending`` (``hopbase.ending``), and the
-request (``hopbase.run``) is finished and recorded when it ends, however it
+stall timeout, a drain's deadline (``gateway.relay.drain``) or a client too slow
+to keep up; how it ended is an ``Ending`` (``gateway.relay.ending``), and the
+request (``gateway.relay.run``) is finished and recorded when it ends, however it
 ends. ``Run.stream`` and ``Run.collect`` call these.
 """
 
@@ -18,12 +18,12 @@ from channels_pool.upstream import Attempt, Signal
 from core.errors import INTERRUPTED_MESSAGE, STALLED_MESSAGE, UpstreamFailure
 from core.sse import Event
 from core.vocabulary import RequestStatus as Status
-from hopbase.ending import Committed, Ending
-from hopbase.reply import Reply, error_reply
+from gateway.relay.ending import Committed, Ending
+from gateway.reply import Reply, error_reply
 from providers.base import Mark
 
 if TYPE_CHECKING:
-    from hopbase.run import Run
+    from gateway.relay.run import Run
 
 # How often a stream in flight journals its progress (billing.spool).
 JOURNAL_EVERY = 2.0

@@ -31,8 +31,9 @@ from django.db import connections
 
 from billing.recorder import recorder
 from channels_pool.selection import directory
+from core import lifecycle
 from core.dependencies import sync_redis
-from hopbase import admission, lifecycle
+from serving import admission
 
 PROBE_TIMEOUT = 1.0
 FRESH_FOR = 2.0

@@ -11,15 +11,15 @@ from channels_pool.affinity import affinity
 from channels_pool.health import board
 from channels_pool.http_client import new_client
 from channels_pool.selection import directory
-from hopbase import lifecycle
-from hopbase.capacity import FairShare, max_open_requests
-from hopbase.drain import Drain
-from hopbase.limits import limits
-from hopbase.metrics import Counted, PrometheusMeter
-from hopbase.relay import Relay, Timings
-from hopbase.spend import spend
+from core import lifecycle
+from gateway.governance.capacity import FairShare, max_open_requests
+from gateway.governance.limits import limits
+from gateway.governance.spend import spend
+from gateway.metrics import Counted, PrometheusMeter
+from gateway.relay.drain import Drain
+from gateway.relay.relay import Relay, Timings
 
-# Every record the gateway makes is counted on its way (hopbase.metrics).
+# Every record the gateway makes is counted on its way (gateway.metrics).
 recorder = Counted(billing_recorder)
 _relays: dict[int, Relay] = {}
 

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 from django.conf import settings
 
 from core import loggers
-from hopbase.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
+from serving.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 
 log = logging.getLogger(loggers.TWISTED_WEB)
 
@@ -109,7 +109,7 @@ def limit_request_bodies() -> None:
     (and without a ``100 Continue``); a chunked body as soon as what was read
     passes it, what was kept dropped. A request to the API is then handed on
     with no body and a Content-Length over the limit (a chunked one's: what
-    was read), so the API answers it as it always has (hopbase.intake: table
+    was read), so the API answers it as it always has (gateway.intake: table
     E's 413 in the caller's format, once its key is read, logged like any
     refusal, P8); anything else gets a plain 413 here. What the client still
     sends is read and dropped. The answer goes out with ``Connection:
@@ -168,7 +168,7 @@ def _over_http1(request) -> bool:
 
 
 def _refuse(request, why: str) -> None:
-    from hopbase.asgi import API_PREFIXES
+    from serving.handler import API_PREFIXES
 
     request.hopbase_refused = True
     request.requestHeaders.removeHeader(b"expect")  # the answer is the 413, not 100 Continue
@@ -191,7 +191,7 @@ def bound_request_heads() -> None:
     """Twisted answers a head over 16 KiB with a plain 400 and lets a
     half-sent head wait for as long as the channel's idle time-out (hours
     under Daphne, and any byte resets it). Here, as under uvicorn
-    (hopbase.request_heads): 431 past 64 KiB, a line or the whole head, and
+    (serving.request_heads): 431 past 64 KiB, a line or the whole head, and
     408 when the head is not complete within HOPBASE_HEAD_TIMEOUT of its
     first byte (or of the connection)."""
     try:

@@ -10,7 +10,7 @@ and ``Connection: close``.
   client's and the channel's), so without a limit a burst runs it out of
   file descriptors, or queues requests behind the upstream pool, and they
   fail minutes later instead of being sent elsewhere now. The limit is
-  ``hopbase.capacity``; past the door, each tenant is held to its share
+  ``gateway.governance.capacity``; past the door, each tenant is held to its share
   of it (G8).
 
 Neither refusal leaves a request log: the key is not looked at (a cache or
@@ -26,12 +26,12 @@ import time
 
 from django.http import HttpRequest, HttpResponse
 
-from core import loggers
+from core import lifecycle, loggers
 from core.errors import ErrorKind, GatewayError
-from hopbase import lifecycle, metrics, views
-from hopbase.capacity import max_open_requests
-from hopbase.intake import REQUEST_ID_HEADER, error_response
-from hopbase.run import new_request_id
+from gateway import metrics, views
+from gateway.governance.capacity import max_open_requests
+from gateway.intake import REQUEST_ID_HEADER, error_response
+from gateway.relay.run import new_request_id
 from providers.apis import CHAT, GEMINI, MESSAGES, RESPONSES
 from providers.base import Api
 

@@ -22,7 +22,7 @@ class Reply:
     chunks: AsyncIterator[bytes] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     # For a stream: what to do if it is dropped without ever being read,
-    # and when its client falls too far behind (hopbase.backpressure).
+    # and when its client falls too far behind (gateway.relay.backpressure).
     abandon: Callable[[], None] | None = None
     too_slow: Callable[[], None] | None = None
 

@@ -3,7 +3,7 @@ request (``hopbase.asgi.ApiHandler.__call__`` calls ``ensure_started()``):
 
 - channel health written to the database (channels_pool.jobs, ~1 s);
 - the owners of provider state written (channels_pool.jobs, ~0.2 s);
-- API keys' last_used_at written (hopbase.key_usage, ~5 s);
+- API keys' last_used_at written (gateway.key_usage, ~5 s);
 - dead gateway processes' spools replayed into request logs (billing.jobs,
   at start and every 10 s);
 - the settlement sweep, only without REDIS_URL, where there is no Celery
@@ -31,7 +31,7 @@ from typing import Protocol
 
 from billing.jobs import settlement_sweep, spool_replayer
 from channels_pool.jobs import health_writer, provider_state_writer
-from hopbase.key_usage import key_usage_writer
+from gateway.key_usage import key_usage_writer
 from tenants.revocations import listener
 
 

@@ -27,7 +27,7 @@ RECHECK_SECONDS while waiting.
 
 Without REDIS_URL the counts are this process's, with the same semantics.
 During a Redis outage (``core.dependencies.redis``) requests are let through
-uncounted, as ``hopbase.limits`` does, and corrections wait for Redis to answer
+uncounted, as ``gateway.governance.limits`` does, and corrections wait for Redis to answer
 again (or for their bucket to leave the minute). A count whose answer was lost
 (the script ran, the reply timed out) cannot be corrected, since its bucket is
 unknown: it overcounts for the rest of its minute, never undercounts.
@@ -49,7 +49,7 @@ from django.conf import settings
 from core import loggers
 from core.dependencies import LoopRedis
 from core.errors import RETRY_AFTER_CAP, ErrorKind, GatewayError
-from hopbase.limits import STORE_ERRORS
+from gateway.governance.limits import STORE_ERRORS
 
 log = logging.getLogger(loggers.TOKEN_LIMITS)
 

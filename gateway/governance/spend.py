@@ -11,7 +11,7 @@ its key's tokens per minute, held from admission until it ends.
       (``billing.budgets.store``: Redis, or this process), or a refusal
       before any channel is called (429 ``budget_exceeded``, naming the
       budget and when its window resets). Then the key's TPM
-      (``hopbase.token_limits``), counted the same way in tokens.
+      (``gateway.governance.token_limits``), counted the same way in tokens.
     ended: whatever the ending, the reservation is replaced by the charge
       settlement will make of the request's record (cancelled and stalled
       ones included) and the TPM count corrected; a window that first
@@ -44,14 +44,15 @@ from billing.finished import Finished
 from billing.metering import billable_tokens
 from billing.models import AlertType, Budget, ModelPrice
 from billing.pricing import Unpriced, charge_for, with_surcharges
-from core import loggers
+from core import lifecycle, loggers
 from core.dependencies import redis as redis_dependency
 from core.errors import ErrorKind, GatewayError
 from core.snapshots import Snapshot, database_call
 from core.surcharges import Surcharge
 from core.vocabulary import RequestStatus
-from hopbase.auth import Caller
-from hopbase.token_limits import token_limits
+from gateway.auth import Caller
+from gateway.governance.limits import FLUSH_TIMEOUT
+from gateway.governance.token_limits import token_limits
 from providers.base import Api, RequestFacts, nontext_tokens
 
 log = logging.getLogger(loggers.SPEND)
@@ -341,3 +342,6 @@ class Unmetered:
 
 
 spend = Spend()
+
+# Charges Redis has not taken yet, sent at the end of a drain.
+lifecycle.flush_when_drained(lambda: spend.flush(FLUSH_TIMEOUT))

@@ -1,5 +1,5 @@
 """A ``manage.py serve`` worker among its peers, at the end of a drain
-(rule D1; hopbase.lifecycle calls ``drained_with_peers`` last).
+(rule D1; serving.lifecycle calls ``drained_with_peers`` last).
 
 Each worker listens on a socket of its own in the port's ``SO_REUSEPORT``
 group, and the kernel queues each new connection on one of them. A worker
@@ -7,7 +7,7 @@ that exited as soon as its own drain was over would close its socket, and
 the kernel would reset every connection still queued there, though its
 peers were still draining and answering. So a drained worker tells
 ``serve`` so (its pid, a line on the *drained* pipe) and goes on
-listening, refusing new requests (503, hopbase.admission), until ``serve``
+listening, refusing new requests (503, serving.admission), until ``serve``
 closes the *release* pipe: once every worker has drained or ended. A
 worker whose ``serve`` is gone reads the end of the pipe too, and stops.
 
