@@ -148,7 +148,7 @@ def export_response(logs: QuerySet[RequestLog], fmt: str) -> StreamingHttpRespon
 @admin.register(RequestLog)
 class RequestLogAdmin(ReadOnlyAdmin):
     # What an operator scans a list for, narrow enough for a laptop screen
-    # (1440 px, tests/test_admin_browser.py); the rest is on the row's page.
+    # (1440 px, tests/processes/test_admin_browser.py); the rest is on the row's page.
     list_display = (
         "when", "tenant_key", "model", "channel_tried", "outcome", "ttft", "duration", "tokens", "charge", "settled",
     )

@@ -82,7 +82,7 @@ class Outcome(str, enum.Enum):
 
 
 def crash_point(name: str) -> None:
-    """Test hook for the worker integration test (tests/test_settlement_worker.py):
+    """Test hook for the worker integration test (tests/processes/test_settlement_worker.py):
     when HOPBASE_TEST_CRASH_AT names this point, the process dies here as if
     SIGKILLed, with the transaction open. Never set in production."""
     if settings.HOPBASE_TEST_CRASH_AT == name:

@@ -47,7 +47,7 @@ class ChannelHealthInline(admin.StackedInline):
 class ChannelAdmin(admin.ModelAdmin):
     form = ChannelForm
     change_form_template = "admin/channels_pool/channel/change_form.html"
-    # Fits a laptop screen (1440 px, tests/test_admin_browser.py): what a
+    # Fits a laptop screen (1440 px, tests/processes/test_admin_browser.py): what a
     # channel serves and how it is doing; its address, weight and limits
     # are on its page.
     list_display = (

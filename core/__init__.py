@@ -1,8 +1,7 @@
-"""The shared core: the domain words, errors, money and caching that the
-gateway (``hopbase``), the channels (``channels_pool``) and the money side
-(``billing``) all speak.
+"""The shared core: the domain's words, errors, money, usage, SSE, caching
+and a process's drain state, which every other package speaks.
 
-Dependencies run one way: ``hopbase`` may use ``channels_pool`` and
-``billing``; those two use only ``core`` and the shared models; ``core``
-uses nothing of the three but their models (tests/test_layers.py).
+It imports nothing of the project (tests/test_layers.py): what the core
+needs of a higher layer (a flush at the end of a drain, say), that layer
+joins it with.
 """

@@ -260,7 +260,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": HOPBASE_SWEEP_INTERVAL},
     },
 }
-# Test hook only (tests/test_settlement_worker.py): the settlement step at which a
+# Test hook only (tests/processes/test_settlement_worker.py): the settlement step at which a
 # worker kills itself, to prove a crash loses and doubles nothing. Empty: never.
 HOPBASE_TEST_CRASH_AT = env_str("HOPBASE_TEST_CRASH_AT", "")
 

@@ -29,7 +29,7 @@ from tests.support.processes import Service, start_gateway, start_simulator  # n
 
 # Requests served in this process (hopbase.asgi's handler, called directly)
 # leave its garbage collector as Python sets it: settling is a gateway
-# process's, tested on its own (tests/test_collector.py).
+# process's, tested on its own (tests/serving/test_collector.py).
 collector.settled = True
 
 pytest_plugins = ["tests.support.sdk_clients"]

@@ -171,6 +171,24 @@ def test_no_module_is_over_600_lines_and_those_over_400_are_named(package):
             warnings.warn(f"{path} has {n} lines: does it still hold one subject?", stacklevel=1)
 
 
+# The names operators search logs by and write alert rules on (the
+# operator contract in docs/operations.md): moving a module renames none.
+LOGGER_NAMES = {
+    "billing.budget_status", "console.mail", "console.signin", "hopbase.admission", "hopbase.affinity",
+    "hopbase.alerts", "hopbase.asgi", "hopbase.billing", "hopbase.budgets", "hopbase.channels", "hopbase.counting",
+    "hopbase.dependencies", "hopbase.lifecycle", "hopbase.limits", "hopbase.periodic", "hopbase.provider_state",
+    "hopbase.relay", "hopbase.requests", "hopbase.revocations", "hopbase.serve", "hopbase.settlement",
+    "hopbase.spend", "hopbase.spool", "hopbase.staff_login", "hopbase.token_limits", "hopbase.translation",
+    "hopbase.twisted_web", "hopbase.upstream", "hopbase.uvicorn_web",
+}
+
+
+def test_the_logger_names_are_the_ones_operators_know():
+    from core import loggers
+
+    assert {value for name, value in vars(loggers).items() if name.isupper()} == LOGGER_NAMES
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_logger_is_named_from_the_one_list(package):
     """Logger names are an operator contract (log search): each module takes

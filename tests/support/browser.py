@@ -1,4 +1,4 @@
-"""Driving the admin in a real browser (tests/test_admin_browser.py):
+"""Driving the admin in a real browser (tests/processes/test_admin_browser.py):
 Debian's chromium, headless, through Debian's chromedriver, with Selenium.
 
 Nothing is downloaded: the driver's path is given to Selenium's ``Service``
@@ -10,7 +10,7 @@ The admin is served by Django's live-server thread (with the static-files
 handler, so the admin's CSS and scripts load) on the committed test
 database. Not pytest-django's ``live_server`` fixture: it flushes every table
 after each test, the staff roles a migration made included, which later
-tests read (tests/test_roles.py). The data a browser test commits is deleted
+tests read (tests/processes/test_roles.py). The data a browser test commits is deleted
 again by ``committed_rows``.
 
 HOPBASE_CHROMIUM and HOPBASE_CHROMEDRIVER name another browser and driver

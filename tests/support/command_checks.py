@@ -1,6 +1,6 @@
 """What the operator-command tests share: running a command, and checking that a
 refused command fails with one line and writes nothing, no audit row and no
-user for its actor included (tests/test_commands_*.py)."""
+user for its actor included (tests/*/test_commands_*.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The tenant console on a running gateway, for the browser's round trip
-(tests/test_console_browser.py): a customer of its own on the gateway's
+(tests/processes/test_console_browser.py): a customer of its own on the gateway's
 database, made with the operator's commands (createtenant, createapikey,
 createtenantuser) in processes of their own; a headless chromium that
 drives the gateway process's own ``/console/`` rather than Django's

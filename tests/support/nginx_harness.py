@@ -1,4 +1,4 @@
-"""The production topology without Docker (tests/test_production_shape.py):
+"""The production topology without Docker (tests/processes/test_production_shape.py):
 Debian's nginx on the deploy/nginx.conf that docker-compose.yml mounts, with
 only its marked lines rewritten (listen address, upstream servers, user,
 paths), in front of ``manage.py serve``, with a Celery worker and beat.

@@ -1,4 +1,4 @@
-"""What the protocol tests check, shared by tests/test_protocols_*.py.
+"""What the protocol tests check, shared by tests/processes/test_protocols_*.py.
 
 The gateway per protocol, seen through the official SDKs (P1–P7, S2–S4).
 

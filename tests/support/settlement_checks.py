@@ -1,4 +1,4 @@
-"""What the settlement tests share (tests/test_settlement_*.py): a priced model, a
+"""What the settlement tests share (tests/*/test_settlement_*.py): a priced model, a
 funded tenant, and proof that each log was charged exactly once."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the staff tests share: making staff users the operator's way
 (createstaff) and driving the admin as a browser does, with a real login
-and CSRF checks on (tests/test_roles.py, tests/test_staff_login.py)."""
+and CSRF checks on (tests/processes/test_roles.py, tests/tenants/test_staff_login.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Each client API through its official SDK, its answer reduced to what every
 API can say: text, thinking, tool calls, how it stopped, usage, and the
-request id HopBase gave it. Used by tests/test_translation_gateway.py to ask
+request id HopBase gave it. Used by tests/processes/test_translation_gateway.py to ask
 the same of every pair of client API and channel protocol."""
 
 from __future__ import annotations

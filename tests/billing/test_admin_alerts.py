@@ -1,7 +1,7 @@
 """Budget alerts in the admin (billing.budgets.admin_alerts): operators and finance
 read each alert and its delivery attempts, and nobody adds, changes or
 deletes one; staff without the roles' permissions see nothing. Through a
-real login with CSRF checks on, as tests/test_roles.py drives the admin."""
+real login with CSRF checks on, as tests/processes/test_roles.py drives the admin."""
 
 from __future__ import annotations
 

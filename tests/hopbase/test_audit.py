@@ -2,7 +2,7 @@
 leaves one row, the admin's kind of row, in the change's own transaction,
 by the operating-system user (a Django user ``os:<login>``, inactive, that
 can never sign in), naming what changed and never a secret; a refused
-command leaves none (and so does every refusal in tests/test_commands_*.py,
+command leaves none (and so does every refusal in tests/*/test_commands_*.py,
 whose ``assert_refused`` counts log rows and users too)."""
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ from billing.budgets.alerts import (
 from billing.budgets.windows import window_at
 from billing.models import AlertType, Budget, BudgetAlert, WebhookAttempt
 from tenants.models import ApiKey, Tenant
+from tests.support.celery_worker import Worker, worker_redis_url
 from tests.support.factories import make_key, make_tenant, unique
-from tests.test_settlement_worker import Worker, worker_redis_url
 
 SECRET = "whsec-test-9f1c2e7a"
 FIELDS = ["id", "type", "created_at", "tenant", "key_prefix", "period", "window_start", "window_end",

@@ -1,6 +1,6 @@
 """The admin's request-log and channel lists: the columns
 chosen to fit a laptop screen (laid out in a browser by
-tests/test_admin_browser.py), and a failed request's channel."""
+tests/processes/test_admin_browser.py), and a failed request's channel."""
 
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ def test_it_splits_events_at_awkward_points_without_changing_the_bytes(sim: Sim)
 
 
 def test_it_runs_as_a_management_command() -> None:
-    manage = Path(__file__).resolve().parent.parent / "manage.py"
+    manage = Path(__file__).resolve().parents[2] / "manage.py"
     process = subprocess.Popen([sys.executable, str(manage), "simulate_upstream", "--port", "0"],
                                stdout=subprocess.PIPE, text=True)
     try:

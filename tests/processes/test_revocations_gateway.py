@@ -21,7 +21,7 @@ from tests.support.outage_harness import HANG, Rig, start_rig, wait_for_revocati
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 
 APIS = ("chat", "responses", "messages", "gemini")
-# The refusal of an unknown or revoked key, in each API's own format (tests/test_intake.py).
+# The refusal of an unknown or revoked key, in each API's own format (tests/processes/test_intake.py).
 REFUSED = {
     "chat": (401, lambda body: body["error"]["code"] == "invalid_api_key"),
     "responses": (401, lambda body: body["error"]["code"] == "invalid_api_key"),

@@ -28,7 +28,7 @@ from hopbase.settings import env_fernet_keys
 from tests.support.factories import make_channel, make_key, make_log, make_tenant
 
 SECRET = "sk-live-PLAINTEXT-never-stored-7f3a9c"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 KEY_A = Fernet.generate_key().decode()
 KEY_B = Fernet.generate_key().decode()

@@ -4,7 +4,7 @@ before and never for a change rolled back; the key's hash and a time go
 out, never its secret; the earliest moment wins; each process's listener
 marks the key refused in its cache the moment the message arrives, and
 subscribes again after Redis was refused or went silent. The gateway
-itself, through a database outage: tests/test_revocations_gateway.py."""
+itself, through a database outage: tests/processes/test_revocations_gateway.py."""
 
 from __future__ import annotations
 

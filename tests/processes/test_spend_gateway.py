@@ -26,11 +26,11 @@ from billing.models import Budget, ModelPrice, RequestLog
 from channels_pool.models import Channel
 from tenants.models import ApiKey, Tenant
 from tests.conftest import GATEWAY_TIMERS, database_url_for_subprocess
+from tests.support.celery_worker import Worker
 from tests.support.processes import Service, free_port
 from tests.support.protocol_checks import new_tag
 from tests.support.settlement_checks import wait_for
 from tests.support.wire import call, channel_protocol, wait_for_log
-from tests.test_settlement_worker import Worker
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("committed_db")]
 

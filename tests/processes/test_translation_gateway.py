@@ -328,7 +328,7 @@ CODEX_REQUEST = {"stream": True, "store": False, "include": ["reasoning.encrypte
 
 def codex_turn(gateway, key: str, model: str, items: list[dict]) -> list[dict]:
     """One Codex turn through the gateway: the output items, handed back as
-    the Codex CLI sends them (0.171, tests/test_real_clients.py): a
+    the Codex CLI sends them (0.171, tests/processes/test_real_clients.py): a
     reasoning item with its null fields, its ids kept."""
     response = httpx.post(f"{gateway.url}/v1/responses", headers={"authorization": f"Bearer {key}"},
                           json={"model": model, "input": items, **CODEX_REQUEST}, timeout=20)

@@ -135,7 +135,7 @@ def test_it_finds_a_charge_on_another_tenant():
     assert "charge entry" in check_fails()
 
 
-# settle: tests/test_settlement_sweep.py (TestSettleCommand)
+# settle: tests/processes/test_settlement_sweep.py (TestSettleCommand)
 
 
 # exportbilling

@@ -103,7 +103,7 @@ def test_every_outcome_is_charged_once_and_exported_as_charged(gateway, world):
     assert len(written.split()) < 100  # the provider was stopped: it never wrote the whole answer
     assert (logs["failed"].input_tokens, logs["failed"].output_tokens) == (0, 0)
 
-    # What the Celery worker runs for them (tests/test_settlement_worker.py runs a
+    # What the Celery worker runs for them (tests/processes/test_settlement_worker.py runs a
     # real worker); twice, to show a retry charges nothing more.
     ids = [log.pk for log in logs.values()]
     settle_many(ids)

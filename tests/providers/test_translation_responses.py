@@ -469,7 +469,7 @@ def test_it_hands_codex_its_thinking_state_back_to_the_right_protocol():
 
 # Codex's request (store false, the reasoning state asked for) and its turn's
 # output items handed back as the Codex CLI sends them, recorded from 0.171
-# (tests/test_real_clients.py): every field, a reasoning item's null ones too.
+# (tests/processes/test_real_clients.py): every field, a reasoning item's null ones too.
 CODEX_REQUEST = {"model": "gpt-public", "stream": True, "store": False, "include": ["reasoning.encrypted_content"],
                  "reasoning": {"summary": "auto"}, "tool_choice": "auto", "parallel_tool_calls": True,
                  "tools": [WEATHER]}

@@ -499,7 +499,7 @@ def test_azure_embeddings_keep_input_order(sim: Sim) -> None:
 
 
 def test_the_command_writes_a_vertex_key_it_accepts(tmp_path: Path) -> None:
-    manage = Path(__file__).resolve().parent.parent / "manage.py"
+    manage = Path(__file__).resolve().parents[2] / "manage.py"
     key_path = tmp_path / "vertex.json"
     process = subprocess.Popen([sys.executable, str(manage), "simulate_upstream", "--port", "0",
                                 "--vertex-key-out", str(key_path), "--vertex-token-ttl", "900"],

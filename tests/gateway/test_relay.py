@@ -1,6 +1,6 @@
 """The relay's rules, unit by unit: a ``Relay`` over channels scripted through
 ``httpx.MockTransport`` and in-memory collaborators, with timers of tens of
-milliseconds. No processes; ``tests/test_relay_gateway.py`` checks the same
+milliseconds. No processes; ``tests/processes/test_relay_gateway.py`` checks the same
 rules through a real Daphne gateway and the simulator.
 """
 

@@ -218,7 +218,7 @@ def test_an_operator_tests_a_channel_from_its_page(browser, simulator):
 
 
 # The live server is WSGI, which reads the export's async stream whole (and
-# says so); the gateway serves it under ASGI, streamed (tests/test_exports.py).
+# says so); the gateway serves it under ASGI, streamed (tests/billing/test_exports.py).
 @pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume asynchronous iterators")
 def test_request_logs_fit_filter_and_export_as_csv(browser):
     browser.get(browser.admin_url + "billing/requestlog/")
