@@ -2,7 +2,7 @@
 
 ``ApiName``      the API a client called (the export's ``protocol`` column,
                  the metrics' ``protocol`` label)
-``WireProtocol`` the grammar a channel (a provider account) speaks for a model
+``WireGrammar`` the grammar a channel (a provider account) speaks for a model
 ``EmbeddingGrammar`` the grammar of a channel's embeddings endpoint for a model
 ``ChannelKindName`` where a channel is and how it is reached: a vendor's own
                  API or a cloud (a channel's ``protocol`` field)
@@ -22,7 +22,7 @@ class ApiName(models.TextChoices):
     EMBEDDINGS = "embeddings", "OpenAI Embeddings"
 
 
-class WireProtocol(models.TextChoices):
+class WireGrammar(models.TextChoices):
     OPENAI = "openai", "OpenAI (Chat Completions and Responses)"
     ANTHROPIC = "anthropic", "Anthropic Messages"
     GEMINI = "gemini", "Gemini"

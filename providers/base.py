@@ -19,7 +19,7 @@ from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_s
 from core.sse import Event
 from core.surcharges import Surcharge
 from core.usage import Usage, estimate_tokens
-from core.vocabulary import ApiName, WireProtocol
+from core.vocabulary import ApiName, WireGrammar
 from providers.kinds import Call, Operation
 
 
@@ -232,7 +232,7 @@ class StreamWatcher:
 
 class Api:
     name: ClassVar[ApiName]  # the API a client called
-    wire: ClassVar[WireProtocol]  # the protocol of the channels that serve it
+    wire: ClassVar[WireGrammar]  # the protocol of the channels that serve it
     operation: ClassVar[Operation]  # what it asks of a channel (providers.kinds)
     keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
     watcher: ClassVar[type[StreamWatcher]]

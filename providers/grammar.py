@@ -35,7 +35,7 @@ class Probe:
 
 @dataclass(frozen=True)
 class Grammar:
-    name: str  # its word in core.vocabulary.WireProtocol
+    name: str  # its word in core.vocabulary.WireGrammar
     api: Api  # how its channels are addressed (an ``openai`` channel with Chat Completions)
     encode: Callable[[Conversation, str], RequestFacts]  # the neutral form, for a model, in this grammar
     reader: type[Reader]  # its answer read back as neutral events

@@ -20,7 +20,7 @@ import httpx
 
 from core.errors import UpstreamFailure
 from core.sse import Event, EventSplitter
-from core.vocabulary import EmbeddingGrammar, WireProtocol
+from core.vocabulary import EmbeddingGrammar, WireGrammar
 
 
 class Operation(enum.StrEnum):
@@ -141,7 +141,7 @@ class ChannelKind:
     # False: the kind needs no secret (a cloud's own credential chain may serve).
     secret_required: ClassVar[bool] = True
 
-    def grammar(self, model: str) -> WireProtocol:
+    def grammar(self, model: str) -> WireGrammar:
         """The grammar the channel speaks for ``model`` (the name it is sent)."""
         raise NotImplementedError
 

@@ -16,7 +16,7 @@ import orjson
 
 from core import loggers
 from core.errors import GatewayError
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import RESPONSES
 from providers.base import Api, RequestFacts, StreamWatcher
 from providers.embedding_legs import EmbeddingLegs
@@ -60,7 +60,7 @@ class Legs:
         model = channel.upstream_model(self.facts.model)
         grammar = channel.kind.grammar(model)
         side = GRAMMARS[grammar]
-        if grammar == WireProtocol.OPENAI and responses_only(channel, model):
+        if grammar == WireGrammar.OPENAI and responses_only(channel, model):
             side = ON_RESPONSES  # a Chat client too is translated: the model refuses Chat Completions
         # A client of the channel's own grammar passes through, unless the model takes Responses alone and
         # the client is a Chat one.

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 
 # -- request -------------------------------------------------------------
 
@@ -55,7 +55,7 @@ class Thinking:
 
     text: str = ""
     signature: str | None = None
-    origin: WireProtocol | None = None
+    origin: WireGrammar | None = None
     redacted: bool = False
 
 
@@ -226,13 +226,13 @@ class ThinkingSignature:
     """The opaque state closing the current thinking (origin: the reader's protocol)."""
 
     signature: str
-    origin: WireProtocol
+    origin: WireGrammar
 
 
 @dataclass(frozen=True, slots=True)
 class RedactedThinking:
     data: str
-    origin: WireProtocol
+    origin: WireGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,14 +262,14 @@ Piece = TextDelta | ThinkingDelta | ThinkingSignature | RedactedThinking | ToolC
 SEAL_PREFIX = "hb1."
 
 
-def seal(origin: WireProtocol, signature: str) -> str:
+def seal(origin: WireGrammar, signature: str) -> str:
     """A provider's thinking state, marked with its origin, for a client API
     of another protocol to hand back on its next turn."""
     payload = orjson.dumps({"o": origin.value, "s": signature})
     return SEAL_PREFIX + base64.urlsafe_b64encode(payload).decode().rstrip("=")
 
 
-def unseal(value: str) -> tuple[WireProtocol, str] | None:
+def unseal(value: str) -> tuple[WireGrammar, str] | None:
     """The origin and state inside ``seal``'s output; None for anything else
     (which is then the client API's own protocol's state)."""
     if not value.startswith(SEAL_PREFIX):
@@ -277,6 +277,6 @@ def unseal(value: str) -> tuple[WireProtocol, str] | None:
     raw = value[len(SEAL_PREFIX):]
     try:
         payload = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-        return WireProtocol(payload["o"]), str(payload["s"])
+        return WireGrammar(payload["o"]), str(payload["s"])
     except (ValueError, KeyError, TypeError, binascii.Error):
         return None

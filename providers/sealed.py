@@ -19,7 +19,7 @@ import base64
 from dataclasses import replace
 from typing import Any
 
-from core.vocabulary import ApiName, WireProtocol
+from core.vocabulary import ApiName, WireGrammar
 from providers.base import RequestFacts, dumps
 from providers.google.contents import opened_signature
 from providers.neutral import SEAL_PREFIX, unseal
@@ -31,7 +31,7 @@ SEAL_MARK = b'"' + SEAL_PREFIX.encode()
 GEMINI_SEAL_MARK = b'"' + base64.urlsafe_b64encode(SEAL_PREFIX.encode())[:5]
 
 
-def _own(value: Any, wire: WireProtocol) -> str | None:
+def _own(value: Any, wire: WireGrammar) -> str | None:
     """The provider's own state inside a sealed value of ``wire``; None for
     another protocol's (to drop). Unsealed values are returned as they are."""
     if not isinstance(value, str) or not value.startswith(SEAL_PREFIX):
@@ -59,7 +59,7 @@ def _responses(body: dict[str, Any]) -> dict[str, Any]:
             state = item.get("encrypted_content")
             if isinstance(state, str) and state.startswith(SEAL_PREFIX):
                 changed = True
-                state = _own(state, WireProtocol.OPENAI)
+                state = _own(state, WireGrammar.OPENAI)
                 if state is None:
                     continue
                 item = {**item, "encrypted_content": state}
@@ -80,7 +80,7 @@ def _messages(body: dict[str, Any]) -> dict[str, Any]:
                 field = {"thinking": "signature", "redacted_thinking": "data"}.get(
                     block.get("type") if isinstance(block, dict) else None)
                 if field is not None and field in block:
-                    state = _own(block[field], WireProtocol.ANTHROPIC)
+                    state = _own(block[field], WireGrammar.ANTHROPIC)
                     if state is None:
                         continue
                     block = {**block, field: state}
@@ -102,7 +102,7 @@ def _gemini(body: dict[str, Any]) -> dict[str, Any]:
                         if isinstance(part.get(key), str):
                             opened = opened_signature(part[key])
                             part = {k: v for k, v in part.items() if k != key}
-                            if opened.origin == WireProtocol.GEMINI and not opened.redacted and opened.signature:
+                            if opened.origin == WireGrammar.GEMINI and not opened.redacted and opened.signature:
                                 part[key] = opened.signature
                 cleaned.append(part)
             content = {**content, "parts": cleaned}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.anthropic import request
 from providers.anthropic.stream import AnthropicReader, AnthropicWriter
 from providers.apis import MESSAGES
@@ -23,6 +23,6 @@ def _is_end(event: Event) -> bool:
     return (event.name or (data.get("type") if isinstance(data, dict) else None)) == "message_stop"
 
 
-GRAMMAR = Grammar(WireProtocol.ANTHROPIC, MESSAGES, request.encode, AnthropicReader, Probe(_probe, _is_end),
+GRAMMAR = Grammar(WireGrammar.ANTHROPIC, MESSAGES, request.encode, AnthropicReader, Probe(_probe, _is_end),
                   count_field="input_tokens")
 CLIENTS = (ClientSide(MESSAGES, request.decode, AnthropicWriter),)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from core.vocabulary import ChannelKindName, WireProtocol
+from core.vocabulary import ChannelKindName, WireGrammar
 from providers.kind import (
     Call,
     ChannelConfig,
@@ -37,8 +37,8 @@ def anthropic_counted(body: dict, model: str | None = None) -> bytes:
 class AnthropicKind(ChannelKind):
     name = ChannelKindName.ANTHROPIC
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.ANTHROPIC
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.ANTHROPIC
 
     def request(self, channel: ChannelConfig, call: Call) -> UpstreamRequest:
         if call.operation is Operation.MESSAGES:

@@ -10,7 +10,7 @@ from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.surcharges import Surcharge, anthropic_surcharges
 from core.usage import plausible_usage
-from core.vocabulary import ApiName, WireProtocol
+from core.vocabulary import ApiName, WireGrammar
 from providers.base import (
     Api,
     Mark,
@@ -161,7 +161,7 @@ class MessagesWatcher(StreamWatcher):
 
 class Messages(Api):
     name = ApiName.MESSAGES
-    wire = WireProtocol.ANTHROPIC
+    wire = WireGrammar.ANTHROPIC
     operation = Operation.MESSAGES
     watcher = MessagesWatcher
 

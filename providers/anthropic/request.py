@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from core.errors import ErrorKind, GatewayError
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.base import RequestFacts, dumps, prompt_text_chars
 from providers.neutral import (
     CannotServe,
@@ -34,7 +34,7 @@ from providers.neutral import (
     unseal,
 )
 
-ANTHROPIC = WireProtocol.ANTHROPIC
+ANTHROPIC = WireGrammar.ANTHROPIC
 # Anthropic requires max_tokens; a caller of another API may not have said.
 DEFAULT_MAX_TOKENS = 8192
 # The most output a default may ask for: Claude Opus 4 and 4.1 refuse more.

@@ -17,7 +17,7 @@ from typing import Any
 from core.errors import ErrorKind
 from core.sse import Event
 from core.usage import Usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.anthropic.messages import anthropic_error
 from providers.anthropic.request import tool_input
 from providers.base import RequestFacts, dumps
@@ -35,7 +35,7 @@ from providers.neutral import (
 )
 from providers.translation import Reader, Writer
 
-ANTHROPIC = WireProtocol.ANTHROPIC
+ANTHROPIC = WireGrammar.ANTHROPIC
 STOP_REASONS_IN = {
     "end_turn": StopReason.END,
     "pause_turn": StopReason.END,
@@ -122,7 +122,7 @@ def _event(name: bytes, payload: dict[str, Any]) -> bytes:
     return b"event: " + name + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
-def _state(origin: WireProtocol, value: str) -> str:
+def _state(origin: WireGrammar, value: str) -> str:
     """Thinking state as an Anthropic client holds it: Anthropic's own as
     it is, another protocol's sealed (``decode`` tells them apart)."""
     return value if origin == ANTHROPIC else seal(origin, value)

@@ -35,7 +35,7 @@ from botocore.session import Session
 
 from core.errors import UpstreamFailure
 from core.sse import EventSplitter
-from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireGrammar
 from providers.anthropic.betas import taken_by
 from providers.aws.eventstream import AnthropicFrames, ConverseFrames
 from providers.kind import (
@@ -130,8 +130,8 @@ class BedrockKind(ChannelKind):
     def __init__(self) -> None:
         self.chain = ProcessChain()
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.ANTHROPIC if is_anthropic(model) else WireProtocol.CONVERSE
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.ANTHROPIC if is_anthropic(model) else WireGrammar.CONVERSE
 
     def embedding_grammar(self, model: str) -> EmbeddingGrammar | None:
         if "titan-embed" in model:

@@ -21,7 +21,7 @@ from typing import Any
 
 from core.sse import Event
 from core.usage import plausible_usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.base import Api, Mark, RequestFacts, StreamWatcher
 from providers.kinds import Call, Operation
 
@@ -90,7 +90,7 @@ class Converse(Api):
     """The channel side only: ``name`` (a client API) it has none of, and
     parsing, error bodies and model lists are a client API's business."""
 
-    wire = WireProtocol.CONVERSE
+    wire = WireGrammar.CONVERSE
     operation = Operation.CONVERSE
     watcher = ConverseWatcher
     model_in_body = False

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.anthropic.request import tool_input
 from providers.base import RequestFacts, dumps, prompt_text_chars
 from providers.neutral import (
@@ -38,7 +38,7 @@ from providers.neutral import (
     alternating_turns,
 )
 
-CONVERSE = WireProtocol.CONVERSE
+CONVERSE = WireGrammar.CONVERSE
 # Converse's image formats, by media type.
 IMAGE_FORMATS = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg", "image/gif": "gif",
                  "image/webp": "webp"}

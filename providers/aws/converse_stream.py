@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.neutral import (
     Piece,
     RedactedThinking,
@@ -25,7 +25,7 @@ from providers.neutral import (
 )
 from providers.translation import Reader
 
-CONVERSE = WireProtocol.CONVERSE
+CONVERSE = WireGrammar.CONVERSE
 STOP_REASONS = {
     "end_turn": StopReason.END,
     "tool_use": StopReason.TOOL_USE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import CONVERSE
 from providers.aws import converse_request
 from providers.aws.converse_stream import ConverseReader
@@ -22,6 +22,6 @@ def _is_end(event: Event) -> bool:
     return event.name == "metadata"  # usage, after messageStop
 
 
-GRAMMAR = Grammar(WireProtocol.CONVERSE, CONVERSE, converse_request.encode, ConverseReader, Probe(_probe, _is_end),
+GRAMMAR = Grammar(WireGrammar.CONVERSE, CONVERSE, converse_request.encode, ConverseReader, Probe(_probe, _is_end),
                   count_field="inputTokens")
 CLIENTS: tuple = ()

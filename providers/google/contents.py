@@ -21,11 +21,11 @@ from urllib.parse import unquote_to_bytes
 import orjson
 
 from core.errors import ErrorKind, GatewayError
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.base import dumps
 from providers.neutral import Image, Message, Part, Text, Thinking, ToolCall, ToolResult, seal, unseal
 
-GEMINI = WireProtocol.GEMINI
+GEMINI = WireGrammar.GEMINI
 # The part kinds a client may send, under either casing, by their camelCase name.
 PART_KINDS = {
     name: camel
@@ -80,7 +80,7 @@ def function_name(value: Any, param: str) -> str:
     return name
 
 
-def sealed_signature(origin: WireProtocol, signature: str, redacted: bool = False) -> str:
+def sealed_signature(origin: WireGrammar, signature: str, redacted: bool = False) -> str:
     """The ``thoughtSignature`` a Gemini client is handed for thinking state."""
     if origin == GEMINI and not redacted:
         return signature
@@ -276,7 +276,7 @@ def _parts_out(parts: list[Part], names: dict[str, str]) -> list[dict[str, Any]]
     for part in parts:
         items: list[dict[str, Any]]
         match part:
-            case Thinking(signature=str() as state, origin=WireProtocol.GEMINI, redacted=False) if state:
+            case Thinking(signature=str() as state, origin=WireGrammar.GEMINI, redacted=False) if state:
                 signature = state
                 continue
             case Text(text=text):

@@ -16,7 +16,7 @@ from core.errors import ErrorKind, GatewayError, UpstreamFailure, failure_from_s
 from core.sse import Event
 from core.surcharges import Surcharge, gemini_surcharges
 from core.usage import plausible_usage
-from core.vocabulary import ApiName, WireProtocol
+from core.vocabulary import ApiName, WireGrammar
 from providers.base import (
     Api,
     Mark,
@@ -204,7 +204,7 @@ class GeminiWatcher(StreamWatcher):
 
 class Gemini(Api):
     name = ApiName.GEMINI
-    wire = WireProtocol.GEMINI
+    wire = WireGrammar.GEMINI
     operation = Operation.GENERATE
     keepalive = b"\n"
     watcher = GeminiWatcher

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import GEMINI
 from providers.google import request
 from providers.google.stream import GeminiReader, GeminiWriter
@@ -28,6 +28,6 @@ def _is_end(event: Event) -> bool:
         isinstance(candidate, dict) and candidate.get("finishReason") for candidate in candidates)
 
 
-GRAMMAR = Grammar(WireProtocol.GEMINI, GEMINI, request.encode, GeminiReader, Probe(_probe, _is_end),
+GRAMMAR = Grammar(WireGrammar.GEMINI, GEMINI, request.encode, GeminiReader, Probe(_probe, _is_end),
                   count_field="totalTokens")
 CLIENTS = (ClientSide(GEMINI, request.decode, GeminiWriter),)

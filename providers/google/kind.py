@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import orjson
 
-from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireGrammar
 from providers.kind import (
     Call,
     ChannelConfig,
@@ -25,8 +25,8 @@ from providers.kind import (
 class GeminiKind(ChannelKind):
     name = ChannelKindName.GEMINI
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.GEMINI
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.GEMINI
 
     def embedding_grammar(self, model: str) -> EmbeddingGrammar:
         return EmbeddingGrammar.GEMINI

@@ -17,7 +17,7 @@ import orjson
 from core.errors import ErrorKind
 from core.sse import Event
 from core.usage import Usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.base import RequestFacts, dumps
 from providers.google.contents import field, sealed_signature
 from providers.google.gemini import gemini_error
@@ -34,7 +34,7 @@ from providers.neutral import (
 )
 from providers.translation import Reader, Writer
 
-GEMINI = WireProtocol.GEMINI
+GEMINI = WireGrammar.GEMINI
 STOP_REASONS = {
     "STOP": StopReason.END,
     "MAX_TOKENS": StopReason.LENGTH,

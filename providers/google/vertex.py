@@ -27,7 +27,7 @@ import orjson
 from google.auth import crypt, jwt
 
 from core.errors import UpstreamFailure
-from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireGrammar
 from providers.anthropic.betas import taken_by
 from providers.anthropic.kind import anthropic_counted
 from providers.kind import (
@@ -126,8 +126,8 @@ class VertexKind(ChannelKind):
         # (channel id, key) -> its tokens: a rotated key starts afresh.
         self._sources: dict[tuple[int, str], TokenSource] = {}
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.ANTHROPIC if model.startswith("claude") else WireProtocol.GEMINI
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.ANTHROPIC if model.startswith("claude") else WireGrammar.GEMINI
 
     def embedding_grammar(self, model: str) -> EmbeddingGrammar | None:
         return None if model.startswith("claude") else EmbeddingGrammar.VERTEX
@@ -144,7 +144,7 @@ class VertexKind(ChannelKind):
         elif call.operation is Operation.EMBED:
             url = f"{publisher}/google/models/{model}:predict"
             content = call.content
-        elif call.operation is Operation.COUNT and self.grammar(call.model) is WireProtocol.GEMINI:
+        elif call.operation is Operation.COUNT and self.grammar(call.model) is WireGrammar.GEMINI:
             url = f"{publisher}/google/models/{model}:countTokens"
             content = orjson.dumps({k: v for k, v in call.body.items() if k in VERTEX_COUNTED_FIELDS})
         elif call.operation is Operation.COUNT:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import orjson
 
 from core.errors import UpstreamFailure
-from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireGrammar
 from providers.kind import (
     Call,
     ChannelConfig,
@@ -49,8 +49,8 @@ class AzureKind(ChannelKind):
     name = ChannelKindName.AZURE
     settings = ("api_version",)
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.OPENAI
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.OPENAI
 
     def embedding_grammar(self, model: str) -> EmbeddingGrammar:
         return EmbeddingGrammar.OPENAI

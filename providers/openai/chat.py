@@ -11,7 +11,7 @@ from core.errors import RESPONSES_ONLY, ErrorKind, GatewayError, UpstreamFailure
 from core.sse import Event
 from core.surcharges import Surcharge, openai_surcharges
 from core.usage import plausible_usage
-from core.vocabulary import ApiName, WireProtocol
+from core.vocabulary import ApiName, WireGrammar
 from providers.base import (
     Api,
     Mark,
@@ -222,7 +222,7 @@ class ChatWatcher(StreamWatcher):
 class OpenAIApi(Api):
     """What both OpenAI protocols share: errors, model lists, bearer auth."""
 
-    wire = WireProtocol.OPENAI
+    wire = WireGrammar.OPENAI
 
     def error_body(self, error: GatewayError) -> tuple[int, bytes]:
         status, body = openai_error(error.kind, error.message, error.param)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import CHAT, RESPONSES
 from providers.grammar import ClientSide, Grammar, Probe
 from providers.kind import Call, Operation
@@ -29,9 +29,9 @@ def _is_end(event: Event) -> bool:
     return event.data_bytes == b"[DONE]"
 
 
-GRAMMAR = Grammar(WireProtocol.OPENAI, CHAT, chat_request.encode, ChatReader, Probe(_probe, _is_end))
+GRAMMAR = Grammar(WireGrammar.OPENAI, CHAT, chat_request.encode, ChatReader, Probe(_probe, _is_end))
 # A model an OpenAI or Azure channel serves on the Responses API alone.
-ON_RESPONSES = Grammar(WireProtocol.OPENAI, RESPONSES, responses_upstream.encode, ResponsesReader,
+ON_RESPONSES = Grammar(WireGrammar.OPENAI, RESPONSES, responses_upstream.encode, ResponsesReader,
                        Probe(_probe, _is_end))
 CLIENTS = (ClientSide(CHAT, chat_request.decode, ChatWriter),
            ClientSide(RESPONSES, responses_request.decode, ResponsesWriter))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireProtocol
+from core.vocabulary import ChannelKindName, EmbeddingGrammar, WireGrammar
 from providers.kind import (
     Call,
     ChannelConfig,
@@ -25,8 +25,8 @@ class OpenAIKind(ChannelKind):
     PATHS: ClassVar[dict[Operation, str]] = {Operation.CHAT: "/chat/completions", Operation.RESPONSES: "/responses",
                                              Operation.EMBED: "/embeddings"}
 
-    def grammar(self, model: str) -> WireProtocol:
-        return WireProtocol.OPENAI
+    def grammar(self, model: str) -> WireGrammar:
+        return WireGrammar.OPENAI
 
     def embedding_grammar(self, model: str) -> EmbeddingGrammar:
         return EmbeddingGrammar.OPENAI

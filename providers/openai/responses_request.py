@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from core.errors import ErrorKind, GatewayError
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.base import RequestFacts, dumps
 from providers.neutral import (
     Conversation,
@@ -176,7 +176,7 @@ def _thinking(item: dict[str, Any]) -> Thinking:
         return Thinking(text=text)
     sealed = unseal(state)
     if sealed is None:
-        return Thinking(text=text, signature=state, origin=WireProtocol.OPENAI)
+        return Thinking(text=text, signature=state, origin=WireGrammar.OPENAI)
     origin, signature = sealed
     if signature.startswith(REDACTED):
         return Thinking(signature=signature[len(REDACTED):], origin=origin, redacted=True)

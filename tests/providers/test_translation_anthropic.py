@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.anthropic import request as anthropic_request
 from providers.anthropic.messages import Messages, MessagesWatcher
 from providers.anthropic.stream import AnthropicReader, AnthropicWriter
@@ -51,7 +51,7 @@ from providers.neutral import (
 from simulator.wire.anthropic import AnthropicRenderer
 from simulator.wire.common import Script
 
-ANTHROPIC, OPENAI, GEMINI = WireProtocol.ANTHROPIC, WireProtocol.OPENAI, WireProtocol.GEMINI
+ANTHROPIC, OPENAI, GEMINI = WireGrammar.ANTHROPIC, WireGrammar.OPENAI, WireGrammar.GEMINI
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
 WEATHER = {"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER_SCHEMA}
 
@@ -773,11 +773,11 @@ def answers(draw):
             thoughts += chunks
             if draw(st.booleans()):
                 pieces.append(
-                    ThinkingSignature(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol))))
+                    ThinkingSignature(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireGrammar))))
                 )
         elif kind == "redacted":
             pieces.append(
-                RedactedThinking(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireProtocol))))
+                RedactedThinking(draw(st.text(min_size=1, max_size=8)), draw(st.sampled_from(list(WireGrammar))))
             )
         else:
             arguments = draw(st.dictionaries(st.text(max_size=5), json_values, max_size=3))

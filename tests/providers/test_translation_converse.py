@@ -14,7 +14,7 @@ import json
 import pytest
 
 from core.sse import Event
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import CHAT, CONVERSE
 from providers.aws import converse_request
 from providers.aws.converse_stream import ConverseReader
@@ -48,7 +48,7 @@ from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
 from simulator.wire.converse import ConverseRenderer
 
 MODEL = "amazon.nova-pro-v1:0"
-CONVERSE_WIRE = WireProtocol.CONVERSE
+CONVERSE_WIRE = WireGrammar.CONVERSE
 PNG = "iVBORw0KGgo="
 
 
@@ -156,7 +156,7 @@ def test_only_converse_state_goes_back_to_converse():
     c = conversation(
         Message("user", [Text("Hi")]),
         Message("assistant", [Thinking("mine", "c2ln", CONVERSE_WIRE), Thinking("", "cmVk", CONVERSE_WIRE, redacted=True),
-                              Thinking("theirs", "other", WireProtocol.ANTHROPIC), Thinking("unsigned"),
+                              Thinking("theirs", "other", WireGrammar.ANTHROPIC), Thinking("unsigned"),
                               Text("Hello")]),
         Message("user", [Text("More")]))
     assert encoded(c)["messages"][1]["content"] == [

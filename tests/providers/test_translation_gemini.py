@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from core.errors import ErrorKind, GatewayError
 from core.sse import Event
 from core.usage import Usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import GEMINI
 from providers.base import RequestFacts, dumps
 from providers.google import request as gemini_request
@@ -56,8 +56,8 @@ from simulator.wire.common import TOOL_ARGUMENTS, TOOL_NAME, Script, deltas
 from simulator.wire.gemini import GeminiRenderer
 
 MODEL = "gemini-test"
-ANTHROPIC = WireProtocol.ANTHROPIC
-GEMINI_WIRE = WireProtocol.GEMINI
+ANTHROPIC = WireGrammar.ANTHROPIC
+GEMINI_WIRE = WireGrammar.GEMINI
 USAGE = Usage(input_tokens=10, output_tokens=30, cache_read_tokens=5, cache_write_tokens=2, thinking_tokens=12)
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -79,7 +79,7 @@ def model_turn(*parts: dict) -> dict:
     return {"role": "model", "parts": list(parts)}
 
 
-def wrapped(origin: WireProtocol, signature: str, mark: str = "") -> str:
+def wrapped(origin: WireGrammar, signature: str, mark: str = "") -> str:
     """A sealed signature as a Gemini client holds it (base64, which the SDK needs)."""
     return base64.urlsafe_b64encode((seal(origin, signature) + mark).encode()).decode()
 
@@ -220,12 +220,12 @@ def test_it_opens_sealed_signatures_of_other_protocols():
         {"text": "hmm", "thought": True},
         {"text": "Answer", "thoughtSignature": wrapped(ANTHROPIC, "sig-abc")},
         {"text": "", "thoughtSignature": wrapped(ANTHROPIC, "opaque", "~redacted")},
-        {"text": "raw", "thoughtSignature": seal(WireProtocol.OPENAI, "enc")},
+        {"text": "raw", "thoughtSignature": seal(WireGrammar.OPENAI, "enc")},
     )]})
     assert conversation.messages[1].parts == [
         Thinking("hmm", "sig-abc", ANTHROPIC), Text("Answer"),
         Thinking("", "opaque", ANTHROPIC, redacted=True),
-        Thinking("", "enc", WireProtocol.OPENAI), Text("raw")]
+        Thinking("", "enc", WireGrammar.OPENAI), Text("raw")]
 
 
 def test_it_decodes_function_declarations_in_either_schema_form_and_refuses_google_tools():

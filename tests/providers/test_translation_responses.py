@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from channels_pool.selection import ChannelInfo
 from core.errors import ErrorKind, GatewayError
 from core.usage import Usage
-from core.vocabulary import WireProtocol
+from core.vocabulary import WireGrammar
 from providers.apis import RESPONSES
 from providers.base import RequestFacts
 from providers.legs import Legs
@@ -53,7 +53,7 @@ from providers.neutral import (
 from providers.openai.responses_request import CUSTOM_TOOL_PARAMETERS, decode
 from providers.openai.responses_stream import ResponsesWriter
 
-ANTHROPIC = WireProtocol.ANTHROPIC
+ANTHROPIC = WireGrammar.ANTHROPIC
 USAGE = Usage(input_tokens=100, cache_read_tokens=40, cache_write_tokens=10, output_tokens=30, thinking_tokens=12)
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -154,7 +154,7 @@ def test_it_decodes_reasoning_items_to_thinking_of_their_origin():
     ])
 
     assert conversation.messages[1].parts == [
-        Thinking("Plan.\n\nAct.", signature="gAAAA-openai-state", origin=WireProtocol.OPENAI),
+        Thinking("Plan.\n\nAct.", signature="gAAAA-openai-state", origin=WireGrammar.OPENAI),
         Thinking("Plan.", signature="sig-1", origin=ANTHROPIC),
         Thinking(signature="opaque", origin=ANTHROPIC, redacted=True),
         Thinking("Act."),
@@ -530,7 +530,7 @@ def test_openai_reasoning_items_pass_through_untouched_beside_those_taken_out():
     stored = {"type": "reasoning", "id": "rs_68a1f0c2d4e5b6a8", "summary": [], "encrypted_content": None}
     sealed = {"type": "reasoning", "id": "rs_00ff_3", "summary": [], "encrypted_content": seal(ANTHROPIC, "sig")}
     own = {"type": "reasoning", "id": "rs_68a1f0c2d4e5b6a9", "summary": [],
-           "encrypted_content": seal(WireProtocol.OPENAI, "gA")}
+           "encrypted_content": seal(WireGrammar.OPENAI, "gA")}
 
     sent = passed_to_openai(input=[*ours, inline, stored, sealed, own], **CODEX_REQUEST)
     assert sent.body["input"] == [*(item for item in ours if item["type"] != "reasoning"), inline, stored,
@@ -547,7 +547,7 @@ _text = st.text(max_size=12)
 _segment = st.one_of(
     st.tuples(st.just("text"), st.lists(_text, min_size=1, max_size=4)),
     st.tuples(st.just("thinking"), st.lists(_text, max_size=3), st.sampled_from([None, ANTHROPIC,
-                                                                                 WireProtocol.GEMINI])),
+                                                                                 WireGrammar.GEMINI])),
     st.tuples(st.just("tool"), st.sampled_from(["get_weather", "now"]), st.lists(_text, max_size=4)),
     st.tuples(st.just("custom"), st.text(max_size=30), st.integers(0, 40)),
     st.tuples(st.just("redacted")),
