@@ -16,8 +16,9 @@ from gateway.governance.capacity import FairShare, max_open_requests
 from gateway.governance.limits import limits
 from gateway.governance.spend import spend
 from gateway.metrics import Counted, PrometheusMeter
+from gateway.relay.collaborators import Timings
 from gateway.relay.drain import Drain
-from gateway.relay.relay import Relay, Timings
+from gateway.relay.relay import Relay
 
 # Every record the gateway makes is counted on its way (gateway.metrics).
 recorder = Counted(billing_recorder)

@@ -5,7 +5,7 @@ end: its terminal event, the provider's error, the channel hanging up, the
 stall timeout, a drain's deadline (``gateway.relay.drain``) or a client too slow
 to keep up; how it ended is an ``Ending`` (``gateway.relay.ending``), and the
 request (``gateway.relay.run``) is finished and recorded when it ends, however it
-ends. ``Run.stream`` and ``Run.collect`` call these.
+ends. The relay calls these with the run it committed (gateway.relay.relay).
 """
 
 from __future__ import annotations

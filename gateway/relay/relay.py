@@ -21,15 +21,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import httpx
 import orjson
-from django.conf import settings
 
-from billing.finished import Finished
 from channels_pool.affinity import Affinity, ForeignState
 from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelDirectory, ChannelInfo
@@ -49,6 +45,8 @@ from gateway.auth import Caller
 from gateway.governance.capacity import FairShare
 from gateway.governance.limits import POLL_SECONDS, Limits
 from gateway.governance.spend import Spend, Unmetered
+from gateway.relay import delivery
+from gateway.relay.collaborators import Meter, Recorder, Timings
 from gateway.relay.drain import Drain
 from gateway.relay.ending import DRAIN_RETRY_AFTER, Committed
 from gateway.relay.releases import Releases
@@ -63,49 +61,6 @@ from providers.translation import Leg
 log = logging.getLogger(loggers.RELAY)
 # The hold was cut short by a graceful drain's deadline (D1): no channel's fault.
 DRAINED = UpstreamFailure("drain", channel_fault=False)
-
-
-class Recorder(Protocol):
-    def record(self, item: Finished) -> None: ...
-    def track(self, request_id: str, snapshot: Callable[[], Finished]) -> None: ...
-    def progress(self, item: Finished) -> None: ...
-
-
-class Meter:
-    """What the relay reports as it goes (gateway.metrics counts it); this
-    one notes nothing."""
-
-    def attempt(self, channel: ChannelInfo, outcome: str) -> None:
-        pass
-
-    def stream_opened(self) -> None:
-        pass
-
-    def stream_closed(self) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class Timings:
-    """The relay's clocks, in seconds (rules S1, F3, F7, F8, M2)."""
-
-    keepalive: float
-    first_token: float
-    first_token_per_10k: float
-    hold_max: float
-    stall: float
-    capacity_wait: float
-
-    @classmethod
-    def from_settings(cls) -> Timings:
-        return cls(
-            keepalive=settings.HOPBASE_KEEPALIVE_INTERVAL,
-            first_token=settings.HOPBASE_FIRST_TOKEN_TIMEOUT,
-            first_token_per_10k=settings.HOPBASE_FIRST_TOKEN_PER_10K,
-            hold_max=settings.HOPBASE_HOLD_MAX,
-            stall=settings.HOPBASE_STALL_TIMEOUT,
-            capacity_wait=settings.HOPBASE_CAPACITY_WAIT,
-        )
 
 
 @dataclass
@@ -169,14 +124,14 @@ class Relay:
             raise
         upstream_headers = committed.attempt.passed_back_headers()
         if not facts.stream:
-            reply = await run.collect(committed)
+            reply = await delivery.collect(run, committed)
             reply.headers.update(upstream_headers)
             return reply
         run.stream_opened()
         return Reply(
             200,
             committed.watcher.content_type,
-            chunks=run.stream(committed),
+            chunks=delivery.stream(run, committed),
             headers={**STREAM_HEADERS, **upstream_headers},
             # The response is being closed: a stream that ran has already
             # finished; one dropped before it was ever read finishes now.

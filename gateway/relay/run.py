@@ -1,6 +1,8 @@
 """One request's life in the relay: what it holds, what it has learned, and
 its one record (rules M, S1, B1). Its committed answer is passed on, streamed
-or assembled whole, by ``gateway.relay.delivery``.
+or assembled whole, by ``gateway.relay.delivery`` (``stream`` and ``collect``
+take a run); what it reports to is its relay's parts
+(gateway.relay.collaborators).
 
 Everything a request holds (its key slot, its channel's slot, the attempt
 itself) is entered into ``Run.resources`` the moment it is taken, and the
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -21,15 +22,13 @@ from channels_pool.upstream import Attempt
 from core.usage import Usage
 from core.vocabulary import RequestStatus
 from gateway.auth import Caller
-from gateway.relay import delivery
-from gateway.relay.ending import Committed, Ending
+from gateway.relay.collaborators import Collaborators
+from gateway.relay.ending import Ending
 from gateway.relay.releases import Releases
-from gateway.reply import Reply
 from providers.base import Api, RequestFacts, StreamWatcher
 
 if TYPE_CHECKING:
     from gateway.governance.spend import Hold
-    from gateway.relay.relay import Relay
     from providers.embedding_legs import EmbeddingLegs
     from providers.legs import Legs
 
@@ -44,7 +43,7 @@ class Run:
     """One request. ``finish()`` lets go of everything and records it, once."""
 
     def __init__(
-        self, relay: Relay, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
+        self, relay: Collaborators, request_id: str, api: Api, caller: Caller, facts: RequestFacts, headers: dict[str, str]
     ) -> None:
         self.relay = relay
         self.request_id = request_id
@@ -89,18 +88,7 @@ class Run:
         costs nothing (B5)."""
         return status if self.ttft_ms is not None else Status.FAILED
 
-    # -- after the commit (M1–M6, S1): gateway.relay.delivery ------------------
-
-    def stream(self, committed: Committed) -> AsyncIterator[bytes]:
-        """The client's bytes from a committed attempt up to its end, with
-        keep-alives in the client's silences. An early end yields the
-        caller's error event; ``self.ending`` says how it ended. The request
-        is finished when this ends, however it ends."""
-        return delivery.stream(self, committed)
-
-    async def collect(self, committed: Committed) -> Reply:
-        """F4: a non-streaming request, assembled from the channel's stream."""
-        return await delivery.collect(self, committed)
+    # -- after the commit (M1–M6, S1): passed on by gateway.relay.delivery ------
 
     def stream_opened(self) -> None:
         self.streaming = True

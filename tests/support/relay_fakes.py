@@ -22,8 +22,9 @@ from channels_pool.health import HealthBoard
 from channels_pool.selection import ChannelInfo
 from gateway.auth import Caller
 from gateway.governance.limits import Limits, LocalCounters
+from gateway.relay.collaborators import Timings
 from gateway.relay.drain import Drain
-from gateway.relay.relay import Relay, Timings
+from gateway.relay.relay import Relay
 
 
 @dataclass
