@@ -14,7 +14,8 @@ from channels_pool.destinations import LocalDestination, check_destination
 from core.encryption import EncryptedTextField
 from core.model_names import split_alias
 from core.vocabulary import ChannelKindName
-from providers.kinds import KINDS, ConfigError
+from providers.kind import ConfigError
+from providers.kinds import KINDS
 
 BASE_URL_MAX_LENGTH = 500
 # Of the plaintext: a Vertex service-account JSON key is about 2,400 characters.

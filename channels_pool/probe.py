@@ -33,7 +33,8 @@ from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
 from core.vocabulary import EmbeddingGrammar
 from providers.google import grammar as google
-from providers.kinds import KINDS, Call, ChannelKind, ConfigError, Operation
+from providers.kind import Call, ChannelKind, ConfigError, Operation
+from providers.kinds import KINDS
 from providers.registry import GRAMMARS
 
 PROMPT = "Reply with OK."

@@ -20,7 +20,8 @@ from channels_pool.models import Channel
 from core import loggers
 from core.encryption import Unreadable
 from core.snapshots import Snapshot
-from providers.kinds import KINDS, ChannelKind
+from providers.kind import ChannelKind
+from providers.kinds import KINDS
 
 log = logging.getLogger(loggers.CHANNELS)
 

@@ -35,7 +35,7 @@ from channels_pool.parts import read_in_parts
 from core import loggers
 from core.errors import UpstreamFailure
 from core.sse import Event
-from providers.kinds import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
+from providers.kind import AuthFailed, BrokenStream, ClassifyFailure, UpstreamRequest
 
 log = logging.getLogger(loggers.UPSTREAM)
 

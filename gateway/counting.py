@@ -38,8 +38,8 @@ from core.vocabulary import RequestStatus
 from gateway import assembly
 from gateway.intake import Call, admit, error_response, parse_facts, read_json
 from providers.base import RequestFacts, dumps
-from providers.kinds import AuthFailed, Operation, UpstreamRequest
-from providers.kinds import Call as KindCall
+from providers.kind import AuthFailed, Operation, UpstreamRequest
+from providers.kind import Call as KindCall
 from providers.legs import Legs
 from providers.neutral import CannotServe
 from providers.registry import GRAMMARS

@@ -20,7 +20,7 @@ from core.sse import Event
 from core.surcharges import Surcharge
 from core.usage import Usage, estimate_tokens
 from core.vocabulary import ApiName, WireGrammar
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 
 class Mark:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from core.errors import UpstreamFailure
 from providers.base import Api, RequestFacts
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 
 class EmbeddingChannel(Api):

@@ -20,8 +20,7 @@ from core.vocabulary import WireGrammar
 from providers.apis import RESPONSES
 from providers.base import Api, RequestFacts, StreamWatcher
 from providers.embedding_legs import EmbeddingLegs
-from providers.kind import Destination
-from providers.kinds import Operation
+from providers.kind import Destination, Operation
 from providers.neutral import CannotServe, Conversation
 from providers.registry import CLIENT_SIDES, GRAMMARS, ON_RESPONSES
 from providers.sealed import unsealed

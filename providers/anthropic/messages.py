@@ -21,7 +21,7 @@ from providers.base import (
     prompt_text_chars,
     whole_number,
 )
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 ANTHROPIC_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (401, "authentication_error"),

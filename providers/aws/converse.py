@@ -23,7 +23,7 @@ from core.sse import Event
 from core.usage import plausible_usage
 from core.vocabulary import WireGrammar
 from providers.base import Api, Mark, RequestFacts, StreamWatcher
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 # Exception types that say "busy" rather than "broken" (C3, C5).
 BUSY_EXCEPTIONS = frozenset(("throttlingException", "serviceUnavailableException"))

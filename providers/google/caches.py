@@ -21,7 +21,7 @@ from core.surcharges import Surcharge
 from core.usage import Usage
 from providers.base import Mark, RequestFacts, StreamWatcher, dumps, prompt_text_chars
 from providers.google.gemini import Gemini, snake_or_camel
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 
 class CacheWatcher(StreamWatcher):

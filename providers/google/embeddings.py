@@ -17,7 +17,7 @@ from typing import Any
 from core.errors import ErrorKind, GatewayError
 from providers.base import RequestFacts
 from providers.google.gemini import Gemini, snake_or_camel
-from providers.kinds import Operation
+from providers.kind import Operation
 from providers.openai.embeddings import MAX_INPUTS, checked_dimensions
 
 BATCH = "batchEmbedContents"

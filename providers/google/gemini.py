@@ -26,7 +26,7 @@ from providers.base import (
     prompt_text_chars,
     whole_number,
 )
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.INVALID_KEY: (400, "INVALID_ARGUMENT"),

@@ -22,7 +22,7 @@ from providers.base import (
     prompt_text_chars,
     whole_number,
 )
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 
 # Table E for both OpenAI protocols: status, error type, error code.
 OPENAI_ERRORS: dict[ErrorKind, tuple[int, str, str | None]] = {

@@ -25,7 +25,7 @@ from core.sse import Event
 from core.usage import CHARS_PER_TOKEN, Usage
 from core.vocabulary import ApiName
 from providers.base import Mark, RequestFacts, StreamWatcher
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 from providers.openai.chat import OpenAIApi
 
 MAX_INPUTS = 2048

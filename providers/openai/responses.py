@@ -18,7 +18,7 @@ from providers.base import (
     prompt_text_chars,
     whole_number,
 )
-from providers.kinds import Call, Operation
+from providers.kind import Call, Operation
 from providers.openai.chat import OpenAIApi, openai_error, openai_error_is_busy
 
 TEXT_DELTAS = {

@@ -13,7 +13,7 @@ from channels_pool import upstream as upstream_module
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from providers.kinds import UpstreamRequest
+from providers.kind import UpstreamRequest
 from tests.support.relay_fakes import Hang, Upstream
 
 

@@ -17,7 +17,7 @@ from channels_pool.http_client import UpstreamResponseHandler, new_client
 from channels_pool.upstream import Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from providers.kinds import UpstreamRequest
+from providers.kind import UpstreamRequest
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'

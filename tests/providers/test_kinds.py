@@ -17,7 +17,8 @@ from botocore.credentials import Credentials
 from channels_pool.selection import ChannelInfo
 from core.errors import failure_from_status
 from providers.aws.eventstream import AnthropicFrames, ConverseFrames
-from providers.kinds import KINDS, BrokenStream, Call, ConfigError, Operation
+from providers.kind import BrokenStream, Call, ConfigError, Operation
+from providers.kinds import KINDS
 from providers.refresh import Refreshed
 
 
