@@ -74,6 +74,9 @@ def acme(django_db_setup, django_db_blocker):
                  created_at=now, input_tokens=10, output_tokens=20, charge_usd=Decimal("0.25"))
         make_log(globex, model="gpt-4o-mini", channel=primary, status=RequestLog.Status.CANCELLED,
                  request_id="req_globex_cancelled", created_at=now, output_tokens=5, charge_usd=Decimal("0.01"))
+        # A model name as long as a client may send (the column's 200 characters) fits every page.
+        make_log(globex, model="m" * 200, channel=primary, request_id="req_globex_long_model", created_at=now,
+                 input_tokens=1, output_tokens=1, charge_usd=Decimal("0.001"))
         # Every attempt failed: the last channel tried is the one shown.
         make_log(acme, key, model="gpt-4o-mini", channel=fallback, status=RequestLog.Status.FAILED,
                           error_kind="upstream_5xx", attempts=2, upstream_status=503, duration_ms=812,
