@@ -20,7 +20,7 @@ RUN pip install --require-hashes -r requirements.lock
 COPY . .
 
 # Bytecode compiled now: the code is read-only to the user that runs it.
-# No collectstatic: Django's ASGIStaticFilesHandler (hopbase/asgi.py) serves
+# No collectstatic: Django's ASGIStaticFilesHandler (serving/handler.py) serves
 # the admin's few static files straight from the installed apps.
 # var/ (the request spool, HOPBASE_SPOOL_DIR) is the only place written to.
 RUN python -m compileall -q manage.py hopbase serving gateway channels_pool billing providers tenants console core \

@@ -1,6 +1,6 @@
 """A loopback TCP proxy its owner controls, to put PostgreSQL or Redis through
 an outage without touching the real server. Shared by the outage tests
-(tests/outage_harness.py, tests/processes/test_readyz.py, tests/processes/test_limits.py) and the
+(tests/support/outage_harness.py, tests/processes/test_readyz.py, tests/processes/test_limits.py) and the
 soak (bench/soak.py).
 
     proxy = TcpProxy("127.0.0.1", 5432).start()    # forwards 127.0.0.1:proxy.port

@@ -322,10 +322,12 @@ class Recorder:
 recorder = Recorder()
 
 
-async def _written_when_drained() -> None:
-    """The request logs of a drained process, written before it exits."""
+async def request_logs_written() -> None:
+    """The request logs of a drained process, written before it exits (the
+    drain's own log line, not a request's, if they are not)."""
     if not await asyncio.wrap_future(daemon_call(recorder.flush, DRAIN_FLUSH_TIMEOUT)):
-        log.error("drain: request logs not all written within %.0f s", DRAIN_FLUSH_TIMEOUT)
+        logging.getLogger(loggers.LIFECYCLE).error(
+            "drain: request logs not all written within %.0f s", DRAIN_FLUSH_TIMEOUT)
 
 
-flush_when_drained(_written_when_drained)
+flush_when_drained(request_logs_written, last=True)

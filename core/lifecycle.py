@@ -8,9 +8,11 @@ drain and awaits ``Lifecycle.drained()``; a request's own work reads
 protocol's interruption event, and a held answer with table E's 503).
 
 What must be written out once every request has ended joins with
-``flush_when_drained`` when it is made (the key limits' and budgets'
-slots and charges Redis has not taken yet, the request logs), so the
-process's life knows nothing of what it flushes.
+``flush_when_drained`` when it is made, so the process's life knows
+nothing of what it flushes: the key limits' slots and the budgets' charges
+Redis has not taken yet (quick, 2 s at most each), then the request logs
+(up to 10 s), last, so that a supervisor's SIGKILL during the longest wait
+has lost nothing else.
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ T = TypeVar("T")
 GRACE = 1.0
 UNWIND = 1.0
 
-# Flushed in the order they joined, once every request of a drain has ended.
+# Flushed once every request of a drain has ended: the quick ones in the
+# order they joined, then those that asked to go last.
 _flushes: list[Callable[[], Awaitable[None]]] = []
+_last_flushes: list[Callable[[], Awaitable[None]]] = []
 
 
-def flush_when_drained(flush: Callable[[], Awaitable[None]]) -> None:
+def flush_when_drained(flush: Callable[[], Awaitable[None]], *, last: bool = False) -> None:
     """Await ``flush()`` at the end of every drain, after the last request
-    ended (it bounds its own wait; a failure is logged, not raised)."""
-    _flushes.append(flush)
+    ended (it bounds its own wait; a failure is logged, not raised); with
+    ``last``, after every other flush."""
+    (_last_flushes if last else _flushes).append(flush)
 
 
 class Lifecycle:
@@ -129,7 +134,7 @@ class Lifecycle:
                     log.error("drain: %d requests did not end when cut; exiting without them", len(still_open))
                     break
             await asyncio.wait(still_open, timeout=wait)
-        for flush in _flushes:
+        for flush in (*_flushes, *_last_flushes):
             try:
                 await flush()
             except Exception:

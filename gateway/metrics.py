@@ -207,7 +207,7 @@ async def exposition(dependencies: dict[str, str]) -> bytes:
 
 
 class PrometheusMeter:
-    """The relay's reports, counted (gateway.relay.relay.Meter)."""
+    """The relay's reports, counted (gateway.relay.collaborators.Meter)."""
 
     def attempt(self, channel: Any, outcome: str) -> None:
         attempts_by(channel.name, outcome).inc()

@@ -13,7 +13,7 @@ class HopbaseConfig(AppConfig):
 
     def ready(self) -> None:
         # Django closes stale database connections around every request, in
-        # its one sync thread. The API handler (hopbase.asgi.ApiHandler)
+        # its one sync thread. The API handler (serving.handler.ApiHandler)
         # touches the database only from pool threads that refresh their own
         # connections (core.snapshots), so the per-request hand-off to
         # that thread is kept for the admin's handler alone.

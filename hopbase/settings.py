@@ -39,7 +39,7 @@ if not SECRET_KEY:
             "(only HOPBASE_DEBUG=1, for development, runs without one)"
         )
     SECRET_KEY = "hopbase-insecure-development-key"  # HOPBASE_DEBUG=1 only
-# Host names the admin answers to. The API paths (hopbase.asgi) never build a
+# Host names the admin answers to. The API paths (serving.handler) never build a
 # URL from the Host header and take any.
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")

@@ -1,4 +1,5 @@
-"""One module per client API, each behind the interface in ``base``."""
+"""Every client API, one instance each (compared by identity: ``api is
+RESPONSES``), each defined in its vendor's folder behind ``providers.base.Api``."""
 
 from providers.anthropic.messages import Messages
 from providers.aws.converse import Converse

@@ -233,7 +233,7 @@ class StreamWatcher:
 class Api:
     name: ClassVar[ApiName]  # the API a client called
     wire: ClassVar[WireGrammar]  # the protocol of the channels that serve it
-    operation: ClassVar[Operation]  # what it asks of a channel (providers.kinds)
+    operation: ClassVar[Operation]  # what it asks of a channel (providers.kind)
     keepalive: ClassVar[bytes] = b": hopbase-keepalive\n\n"
     watcher: ClassVar[type[StreamWatcher]]
     # False: the channel answers with one JSON body, not an event stream.

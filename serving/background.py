@@ -1,5 +1,5 @@
 """The gateway's background jobs, started once per process by the first API
-request (``hopbase.asgi.ApiHandler.__call__`` calls ``ensure_started()``):
+request (``serving.handler.ApiHandler.__call__`` calls ``ensure_started()``):
 
 - channel health written to the database (channels_pool.jobs, ~1 s);
 - the owners of provider state written (channels_pool.jobs, ~0.2 s);

@@ -1,5 +1,5 @@
 """The garbage collector, set for a gateway process (``settle()``, once,
-when the process's first API request is done, as hopbase.asgi tells
+when the process's first API request is done, as serving.handler tells
 ``request_ended``: by then it has loaded what serving needs, and only a
 process that serves is set). Not in the middle of a burst, though (more than ``QUIET`` requests open):
 that collection would walk every request in flight and freeze them all; a

@@ -98,7 +98,7 @@ class ApiHandler(ASGIHandler):
 
     def __call__(self, scope, receive, send) -> lifecycle.SeenThrough:
         """The request's work, under way; what Daphne holds is a future for
-        it (serving.lifecycle), which Daphne awaits as it would a coroutine."""
+        it (core.lifecycle.SeenThrough), which Daphne awaits as it would a coroutine."""
         ensure_started()
         # Decided before the request counts itself (see_through), so that a
         # burst refuses only its excess.

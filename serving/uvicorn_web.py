@@ -13,7 +13,7 @@ server must do for the gateway that ASGI cannot say.
   ``LINGER_SECONDS`` later (closing at once, with unread data, would reset
   it over the answer). uvicorn itself never holds more than 64 KiB of a
   body the application has not taken (it pauses reading), and the API
-  handler keeps at most the limit of it (hopbase.asgi): a second line.
+  handler keeps at most the limit of it (serving.handler): a second line.
 - A client that stops reading: uvicorn's ``send`` waits, before writing,
   while the connection's unsent bytes are over the transport's high-water
   mark. That mark is set to ``HOPBASE_MAX_UNSENT_BYTES``, so past it the
@@ -228,7 +228,7 @@ def serve(application: Any, listener: socket.socket, keep_alive: float, backlog:
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
     config = uvicorn.Config(
         application,
-        interface="asgi3",  # a plain function that returns what the server awaits (hopbase.asgi)
+        interface="asgi3",  # a plain function that returns what the server awaits (serving.handler)
         loop="uvloop",
         http=HopBaseHttpTools,
         ws="none",

@@ -33,7 +33,6 @@ from tenants import revocations
 
 KEY_PREFIX = "hb-"
 DISPLAY_PREFIX_LENGTH = 11
-# A saved change to any can make a secret refused earlier than a gateway's cached copy says.
 
 
 def hash_secret(secret: str) -> str:

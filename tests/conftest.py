@@ -27,7 +27,7 @@ from serving import collector  # noqa: E402
 from simulator import SIM_AWS_ACCESS_KEY_ID, SIM_AWS_SECRET_ACCESS_KEY, vertex_service_account  # noqa: E402
 from tests.support.processes import Service, start_gateway, start_simulator  # noqa: E402
 
-# Requests served in this process (hopbase.asgi's handler, called directly)
+# Requests served in this process (serving.handler's API handler, called directly)
 # leave its garbage collector as Python sets it: settling is a gateway
 # process's, tested on its own (tests/serving/test_collector.py).
 collector.settled = True

@@ -381,6 +381,10 @@ class Limits:
 limits = Limits()
 
 
-# Slots given back while Redis was away: removed at the end of a drain if it
-# answers, rather than left counted until they lapse.
-lifecycle.flush_when_drained(lambda: limits.flush(FLUSH_TIMEOUT))
+async def slots_given_back() -> None:
+    """Slots given back while Redis was away: removed at the end of a drain
+    if it answers, rather than left counted until they lapse."""
+    await limits.flush(FLUSH_TIMEOUT)
+
+
+lifecycle.flush_when_drained(slots_given_back)

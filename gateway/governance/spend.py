@@ -343,5 +343,10 @@ class Unmetered:
 
 spend = Spend()
 
-# Charges Redis has not taken yet, sent at the end of a drain.
-lifecycle.flush_when_drained(lambda: spend.flush(FLUSH_TIMEOUT))
+
+async def charges_sent() -> None:
+    """Charges Redis has not taken yet, sent at the end of a drain."""
+    await spend.flush(FLUSH_TIMEOUT)
+
+
+lifecycle.flush_when_drained(charges_sent)

@@ -1,5 +1,6 @@
-"""What the relay sees of a graceful drain (rule D1); serving.lifecycle
-begins it and sets its deadline."""
+"""What the relay sees of a graceful drain (rule D1): its deadline and its
+signal, core.lifecycle's (gateway.assembly hands them over); the server
+begins the drain (serving.lifecycle, serving.uvicorn_web)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from channels_pool.upstream import Attempt
 
 
 class Drain:
-    """What the relay sees of a graceful drain (serving.lifecycle): when the
+    """What the relay sees of a graceful drain (core.lifecycle): when the
     requests still open are to end, and a wake-up, when the drain begins,
     for every attempt that is waiting on its channel."""
 

@@ -4,7 +4,7 @@ On Django's live-server thread: an owner signs in, sees the overview and
 the logs, makes a key and sees its secret once, at 1440 px and at 390 px,
 where no page is wider than the window.
 
-The round trip, on a running gateway (tests/console_gateway.py): the
+The round trip, on a running gateway (tests/support/console_gateway.py): the
 gateway process serves the console as well as the API, on one database. An
 owner signs in there, makes a key for one model, uses it with the official
 openai SDK (the gateway relays to the upstream simulator), sees that

@@ -1,7 +1,7 @@
 """Graceful drain on SIGTERM (D1): requests in flight finish, or end with
 their protocol's interruption event at the drain's deadline; new requests
 are refused in their caller's format; every request is recorded; the
-process exits 0. First the mechanics in-process (serving.lifecycle), then
+process exits 0. First the mechanics in-process (core.lifecycle), then
 real gateways: Daphne started the contract's way, and ``manage.py serve``.
 """
 

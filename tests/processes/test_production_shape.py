@@ -1,6 +1,6 @@
 """The production shape without Docker: Debian's nginx on
 the same deploy/nginx.conf that docker-compose.yml mounts (its marked lines
-rewritten: tests/nginx_harness.py), in front of ``manage.py serve --workers 2``
+rewritten: tests/support/nginx_harness.py), in front of ``manage.py serve --workers 2``
 (two gateway processes on one socket), with the test database, Redis, a
 Celery worker and Celery beat, and the upstream simulator.
 

@@ -1,6 +1,6 @@
 """The gateway for OpenAI Chat Completions clients, through the openai SDK (P1, S2, B9).
 
-Shared checks and what they prove: tests/protocol_checks.py.
+Shared checks and what they prove: tests/support/protocol_checks.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Headers, through each SDK: only the channel's secret and no compression upstream,
 the provider's request id back to the client (0.3).
 
-Shared checks and what they prove: tests/protocol_checks.py.
+Shared checks and what they prove: tests/support/protocol_checks.py.
 """
 
 from __future__ import annotations

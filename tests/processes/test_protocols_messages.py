@@ -1,6 +1,6 @@
 """The gateway for Anthropic Messages clients, through the anthropic SDK (P3, S4, B9).
 
-Shared checks and what they prove: tests/protocol_checks.py.
+Shared checks and what they prove: tests/support/protocol_checks.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Model lists and lookups, through each SDK (P5).
 
-Shared checks and what they prove: tests/protocol_checks.py.
+Shared checks and what they prove: tests/support/protocol_checks.py.
 """
 
 from __future__ import annotations

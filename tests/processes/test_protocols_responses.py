@@ -1,6 +1,6 @@
 """The gateway for OpenAI Responses clients, through the openai SDK (P2, S3, B9).
 
-Shared checks and what they prove: tests/protocol_checks.py.
+Shared checks and what they prove: tests/support/protocol_checks.py.
 """
 
 from __future__ import annotations

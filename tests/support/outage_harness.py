@@ -1,5 +1,5 @@
 """A gateway whose PostgreSQL and Redis are reached through loopback proxies
-the test controls (tests/tcp_proxy.py), for the outage tests (D3).
+the test controls (bench/tcp_proxy.py), for the outage tests (D3).
 
 The gateway is a Daphne process on the session's test database and Redis,
 started the contract's way; only its DATABASE_URL and REDIS_URL point at the
