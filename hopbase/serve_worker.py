@@ -15,6 +15,8 @@ makes is uvloop's: Twisted's reactor drives its sockets through the loop's
 ``add_reader`` and ``add_writer``, which uvloop provides.
 
 ``--drained-fd`` and ``--release-fd`` are the pipes of serving.worker_group.
+A stop signal that arrives while the worker starts is obeyed once it
+serves (serving.early_signals).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import socket
 import sys
 
 import uvloop
+
+from serving import early_signals
 
 BACKLOG = 4096  # connections the kernel queues on each worker's socket
 APPLICATION = "hopbase.asgi:application"
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drained-fd", type=int)
     parser.add_argument("--release-fd", type=int)
     args = parser.parse_args(argv)
+    early_signals.hold()
     if args.drained_fd is not None and args.release_fd is not None:
         from serving import worker_group
 
@@ -45,7 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.server == "daphne":
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         from daphne.cli import CommandLineInterface  # makes Daphne's loop: after the policy
+        from twisted.internet import reactor  # Daphne's, installed by that import
 
+        # Twisted's own handlers are in place once it runs: a stop that came
+        # while starting is obeyed then, as a SIGTERM is (serving.lifecycle).
+        reactor.callWhenRunning(lambda: early_signals.pending() and reactor.stop())
         CommandLineInterface().run(["-v", "0", "--fd", str(args.fd), APPLICATION])
         return
     import hopbase.asgi  # sets Django up, which serving.uvicorn_web's imports need

@@ -43,6 +43,7 @@ from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from core import lifecycle, loggers
+from serving import early_signals
 from serving.lifecycle import shut_down
 from serving.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 from serving.twisted_web import LINGER_SECONDS, PLAIN_TOO_LARGE  # the same refusal under either server
@@ -198,6 +199,8 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if (sig := early_signals.pending()) is not None:
+            self.handle_exit(sig, None)  # it came while starting (serving.early_signals): drain now
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Called by signal.signal, between two bytecodes of the loop's thread.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -127,6 +128,41 @@ def test_a_worker_that_drained_first_answers_until_its_peer_has_drained(world, s
         assert wait_for_exit(group.process) == 0
         held.wait()
         assert drained_workers(group.log_path) == 2
+    finally:
+        group.stop()
+
+
+def application_loaded(pid: int) -> bool:
+    """Whether the process has imported HopBase's application yet (orjson's
+    library, which the request path loads, is in its memory map)."""
+    return "orjson" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (its SigCgt mask)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE).group(1), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.gateway
+@pytest.mark.usefixtures("committed_db")
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_sigterm_while_the_workers_start_is_a_drain_once_they_serve(world, server):
+    """Stopped while its workers are still importing the application, serve
+    ends as a drain: each worker starts, drains with nothing open and says
+    so, instead of dying with what the kernel had queued on its socket."""
+    group = ServeGroup(workers=2, server=server, started=False)
+    try:
+        deadline = time.monotonic() + WITHIN
+        while len(workers := group.children()) < 2 or not all(catches_sigterm(pid) for pid in workers):
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.005)
+        # The workers are still importing the application (a second or two).
+        assert not any(application_loaded(pid) for pid in workers)
+        group.process.terminate()
+        assert wait_for_exit(group.process) == 0
+        assert drained_workers(group.log_path) == 2, group.log_path.read_text()[-2000:]
     finally:
         group.stop()
 

@@ -75,7 +75,8 @@ class ServeGroup:
     """``manage.py serve --workers N --server S``, in a session of its own so
     that a failed test can stop the workers too."""
 
-    def __init__(self, workers: int, server: str = "uvicorn", options: tuple[str, ...] = (), **extra: str) -> None:
+    def __init__(self, workers: int, server: str = "uvicorn", options: tuple[str, ...] = (), started: bool = True,
+                 **extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = ROOT / "var" / f"serve-{self.port}.log"
@@ -85,8 +86,12 @@ class ServeGroup:
              "--server", server, *options],
             cwd=ROOT, env=gateway_env(**extra), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_until_serving(self.url + "/healthz", self.process)
-        self.workers = [int(pid) for pid in Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()]
+        if started:  # else the test takes the workers as they start
+            wait_until_serving(self.url + "/healthz", self.process)
+            self.workers = self.children()
+
+    def children(self) -> list[int]:
+        return [int(pid) for pid in Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()]
 
     def stop(self) -> None:
         if self.process.poll() is None:
