@@ -39,7 +39,7 @@ from django.utils.log import log_response
 
 from core import lifecycle, loggers
 from gateway.relay.backpressure import unsent_counter
-from serving import admission, collector
+from serving import admission, collector, upgrades
 from serving.background import ensure_started
 
 log = logging.getLogger(loggers.ASGI)
@@ -299,8 +299,17 @@ api = ApiHandler()
 
 def application(scope, receive, send) -> Awaitable[None]:
     if scope["type"] == "http" and scope["path"].startswith(API_PREFIXES):
+        if scope["method"] == "GET" and upgrades.wants_websocket(scope["headers"]):
+            return refuse_upgrade(send)
         return api(scope, receive, send)
     return site(scope, receive, send)
+
+
+async def refuse_upgrade(send) -> None:
+    """A WebSocket upgrade that reached the application as plain HTTP
+    (uvicorn without a WebSocket library): 426 (serving.upgrades)."""
+    await send({"type": "http.response.start", "status": upgrades.STATUS, "headers": upgrades.HEADERS})
+    await send({"type": "http.response.body", "body": upgrades.BODY})
 
 
 # An ASGI 3 application, though not a coroutine function: it returns what

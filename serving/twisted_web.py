@@ -14,6 +14,7 @@ from urllib.parse import unquote
 from django.conf import settings
 
 from core import loggers
+from serving import upgrades
 from serving.request_heads import HEAD_TIMED_OUT, HEAD_TOO_LARGE, MAX_HEAD_BYTES
 
 log = logging.getLogger(loggers.TWISTED_WEB)
@@ -30,6 +31,7 @@ _http: Any = None  # twisted.web.http, once the body limit is in place
 
 def adjust() -> None:
     name_statuses()
+    refuse_websocket_upgrades()
     bound_request_heads()
     limit_request_bodies()
     remember_content_types()
@@ -45,8 +47,33 @@ def name_statuses() -> None:
         from twisted.web import http as twisted_http
     except ImportError:
         return
+    twisted_http.RESPONSES.setdefault(426, b"Upgrade Required")
     twisted_http.RESPONSES.setdefault(429, b"Too Many Requests")
     twisted_http.RESPONSES.setdefault(529, b"Overloaded")
+
+
+def refuse_websocket_upgrades() -> None:
+    """Daphne hands every WebSocket upgrade to its WebSocket protocol, which
+    can refuse one only with a 403 (which clients retry): HopBase serves no
+    WebSocket, so each is answered 426 before it is handed on
+    (serving.upgrades)."""
+    try:
+        from daphne.http_protocol import WebRequest
+    except ImportError:
+        return
+    process = WebRequest.process
+
+    def process_unless_an_upgrade(request) -> None:
+        headers = [(name.lower(), value) for name, values in request.requestHeaders.getAllRawHeaders()
+                   for value in values]
+        if not upgrades.wants_websocket(headers):
+            process(request)
+            return
+        request.channel.persistent = False  # a client that asked to upgrade is not kept
+        request.handle_reply({"type": "http.response.start", "status": upgrades.STATUS, "headers": upgrades.HEADERS})
+        request.handle_reply({"type": "http.response.body", "body": upgrades.BODY})
+
+    WebRequest.process = process_unless_an_upgrade
 
 
 def remember_content_types() -> None:

@@ -64,6 +64,11 @@ class HopBaseHttpTools(HttpToolsProtocol):
     _ends_seen = 0  # heads and messages that ended: a read during which one did is not all head
     _head_timer: asyncio.TimerHandle | None = None
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # Not uvicorn's two warnings a request: the API handler answers a
+        # WebSocket upgrade with 426 (serving.upgrades).
+        pass
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         transport.set_write_buffer_limits(high=settings.HOPBASE_MAX_UNSENT_BYTES)
