@@ -378,7 +378,7 @@ def test_claude_code_answers_and_continues(rig, tmp_path, channel):
 # --------------------------------------------------------------------------- Codex CLI
 
 
-def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
+def codex_config(rig: Rig, route: Route, default_tools: bool = False, websockets: bool = False) -> str:
     """The ~/.codex/config.toml of docs/providers.md, on this gateway's port, and what
     keeps Codex offline: without the last two tables it calls ab.chatgpt.com
     (analytics), github.com, api.github.com and chatgpt.com (plugins)."""
@@ -390,6 +390,9 @@ def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
         # channel: off, as docs/providers.md says for Codex on a Claude channel.
         top = 'web_search = "disabled"\n'
         agents = "\n[agents]\nenabled = false\n"
+    # Offered WebSockets, Codex retries a refused socket stream_max_retries
+    # times before it falls back to HTTP, unless the refusal is a 426.
+    streams = "supports_websockets = true\nstream_max_retries = 5\n" if websockets else "stream_max_retries = 0\n"
     return (
         f'model = "{route.public_model}"\n'
         'model_provider = "hopbase"\n'
@@ -401,7 +404,7 @@ def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
         'env_key = "HOPBASE_API_KEY"\n'
         'wire_api = "responses"\n'
         "request_max_retries = 0\n"  # one upstream call per request: a retry would hide a failure
-        "stream_max_retries = 0\n"
+        f"{streams}"
         "\n"
         "[analytics]\n"
         "enabled = false\n"
@@ -412,10 +415,11 @@ def codex_config(rig: Rig, route: Route, default_tools: bool = False) -> str:
     )
 
 
-def codex_exec(rig: Rig, route: Route, key: str, tmp_path: Path, *args: str, default_tools: bool = False) -> Outcome:
+def codex_exec(rig: Rig, route: Route, key: str, tmp_path: Path, *args: str, default_tools: bool = False,
+               websockets: bool = False) -> Outcome:
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir(exist_ok=True)
-    (codex_home / "config.toml").write_text(codex_config(rig, route, default_tools))
+    (codex_home / "config.toml").write_text(codex_config(rig, route, default_tools, websockets))
     last = tmp_path / "last-message.txt"
     last.unlink(missing_ok=True)
     outcome = run_client(
@@ -444,6 +448,19 @@ def test_codex_exec_answers_and_resumes(rig, tmp_path, channel):
 
     check_thinking_came_back(route, first, second)
     check_logs(route, key_id, first_calls + second_calls)
+
+
+def test_codex_offered_websockets_falls_back_to_http_at_once(rig, tmp_path):
+    """With supports_websockets on, Codex opens a WebSocket first; the 426
+    (docs/websockets.md) sends it to HTTP with no retry, and the turn is
+    served there."""
+    route = rig.route("codex", "openai")
+    _, key = new_key(rig)
+    tag = "cx" + uuid.uuid4().hex[:10]
+    since = time.time()
+    outcome = codex_exec(rig, route, key, tmp_path, prompt(tag), websockets=True)
+    check_turn(rig, route, key, tag, since, outcome)
+    assert "Reconnecting" not in outcome.stdout + outcome.stderr, str(outcome)
 
 
 def test_codex_exec_with_its_default_tools_through_an_anthropic_channel(rig, tmp_path):
