@@ -5,9 +5,9 @@ code never needs a document that is not here."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.processes import ROOT
+
 CODE = ("core", "tenants", "providers", "channels_pool", "billing", "gateway", "serving", "hopbase", "console",
         "simulator", "tests", "bin")
 # A rule id: a letter of the rule families and a number, standing alone ("F4",

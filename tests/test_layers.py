@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,15 +55,23 @@ def modules(package: str) -> list[Path]:
     return sorted(p for p in (ROOT / package).rglob("*.py") if "migrations" not in p.parts)
 
 
-def imported_names(path: Path) -> set[str]:
-    names: set[str] = set()
+def imports(path: Path) -> Iterator[tuple[str, str | None]]:
+    """Each absolute import in ``path``, anywhere in it: ``(module, None)``
+    for ``import module``, ``(module, name)`` for ``from module import name``."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            yield from ((alias.name, None) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
+            yield from ((node.module, alias.name) for alias in node.names)
+
+
+def imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for module, name in imports(path):
+        names.add(module)
+        if name is not None:
             # ``from channels_pool import health`` imports a module too.
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            names.add(f"{module}.{name}")
     return {name for name in names if name.split(".")[0] in PACKAGES}
 
 
@@ -98,14 +107,8 @@ def module_name(path: Path) -> str:
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """The project's modules ``path`` imports: ``from a.b import c`` is
     module a.b.c where there is one, else attribute c of module a.b."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if submodule in known else node.module)
+    found = {module if name is None or f"{module}.{name}" not in known else f"{module}.{name}"
+             for module, name in imports(path)}
     return found & known
 
 

@@ -25,6 +25,7 @@ from tests.support.wire import (
     call,
     channel_protocol,
     open_raw,
+    read_until_closed,
     sent_bytes,
     strip_keepalives,
     wait_for_log,
@@ -115,9 +116,7 @@ def test_no_byte_reaches_the_client_before_the_first_content_token(gateway, worl
     with open_raw(gateway.port, request) as sock:
         first = sock.recv(65536)
         first_byte_at = time.time()
-        received = first
-        while chunk := sock.recv(65536):
-            received += chunk
+        received = first + read_until_closed(sock)
     (record,) = wait_for_records(world.simulator.url, tag)
     # The simulator sent its preamble at once and the first token a second later.
     assert record["first_token_at"] - record["started_at"] >= 0.9

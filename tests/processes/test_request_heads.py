@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.drain_harness import start_under
 from tests.support.processes import SERVERS
+from tests.support.wire import read_until_closed
 
 pytestmark = [pytest.mark.gateway, pytest.mark.usefixtures("world")]
 
@@ -31,14 +32,6 @@ def connected(gateway) -> socket.socket:
     return sock
 
 
-def answer_and_close(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    return received
-
-
 def head(extra: bytes) -> bytes:
     return b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hb-nope\r\n" + extra
 
@@ -48,7 +41,7 @@ def test_a_head_over_64_kib_is_431_and_closed(bounded):
     try:
         filler = b"".join(b"X-Filler-%d: %s\r\n" % (n, b"a" * 1000) for n in range(70))  # 70 KB of headers
         sock.sendall(head(filler))  # never finished: the size alone decides
-        answer = answer_and_close(sock)
+        answer = read_until_closed(sock)
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
@@ -58,7 +51,7 @@ def test_one_header_line_over_64_kib_is_431_and_closed(bounded):
     sock = connected(bounded)
     try:
         sock.sendall(head(b"X-Long: " + b"a" * (70 * 1024) + b"\r\n\r\n"))
-        answer = answer_and_close(sock)
+        answer = read_until_closed(sock)
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
@@ -70,7 +63,7 @@ def test_a_head_not_complete_in_time_is_408_and_closed(bounded, sent):
     started = time.monotonic()
     try:
         sock.sendall(sent)
-        answer = answer_and_close(sock)
+        answer = read_until_closed(sock)
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
@@ -82,7 +75,7 @@ def test_a_large_head_under_the_bound_is_served(bounded):
     try:
         filler = b"".join(b"X-Filler-%d: %s\r\n" % (n, b"a" * 1000) for n in range(40))  # 40 KB
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + filler + b"\r\n")
-        answer = answer_and_close(sock)
+        answer = read_until_closed(sock)
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]

@@ -27,6 +27,7 @@ import pytest
 from google.genai import errors as genai_errors
 
 from tests.support.simulator_harness import PROMPT, Sim, chat, expected_text, serving, sse_blocks
+from tests.support.wire import read_until_closed
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,7 @@ def raw_chunked(port: int, path: str, body: dict[str, Any], headers: dict[str, s
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        data = read_until_closed(sock)
     _, _, rest = data.partition(b"\r\n\r\n")
     chunks = []
     while True:

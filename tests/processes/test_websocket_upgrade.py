@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.drain_harness import start_under
 from tests.support.processes import SERVERS
+from tests.support.wire import read_until_closed
 
 pytestmark = [pytest.mark.gateway]
 
@@ -36,10 +37,7 @@ def upgrade(gateway, path: str, key: str) -> bytes:
             "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
             f"Authorization: Bearer {key}\r\nOpenAI-Beta: responses_websockets=2026-02-06\r\n\r\n".encode()
         )
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-        return answer
+        return read_until_closed(sock)
     finally:
         sock.close()
 

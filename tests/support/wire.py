@@ -92,6 +92,14 @@ def wait_for_log(request_id: str, timeout: float = 5):
         time.sleep(0.02)
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends on ``sock`` until it closes the connection."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
 def open_raw(port: int, request: Call, receive_buffer: int | None = None) -> socket.socket:
     """Send a request on a bare socket and hand it back, unread: for tests
     that watch the first byte or hang up at a chosen moment (or read slowly:
