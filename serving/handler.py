@@ -308,8 +308,8 @@ def application(scope, receive, send) -> Awaitable[None]:
 async def refuse_upgrade(send) -> None:
     """A WebSocket upgrade that reached the application as plain HTTP
     (uvicorn without a WebSocket library): 426 (serving.upgrades)."""
-    await send({"type": "http.response.start", "status": upgrades.STATUS, "headers": upgrades.HEADERS})
-    await send({"type": "http.response.body", "body": upgrades.BODY})
+    for message in upgrades.ANSWER:
+        await send(message)
 
 
 # An ASGI 3 application, though not a coroutine function: it returns what

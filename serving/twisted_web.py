@@ -70,8 +70,8 @@ def refuse_websocket_upgrades() -> None:
             process(request)
             return
         request.channel.persistent = False  # a client that asked to upgrade is not kept
-        request.handle_reply({"type": "http.response.start", "status": upgrades.STATUS, "headers": upgrades.HEADERS})
-        request.handle_reply({"type": "http.response.body", "body": upgrades.BODY})
+        for message in upgrades.ANSWER:
+            request.handle_reply(message)
 
     WebRequest.process = process_unless_an_upgrade
 

@@ -24,6 +24,11 @@ BODY = orjson.dumps({"error": {
 }})
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode()),
            (b"connection", b"close")]
+# The answer as ASGI messages, which either adapter sends as they are.
+ANSWER = (
+    {"type": "http.response.start", "status": STATUS, "headers": HEADERS},
+    {"type": "http.response.body", "body": BODY},
+)
 
 
 def wants_websocket(headers: Iterable[tuple[bytes, bytes]]) -> bool:

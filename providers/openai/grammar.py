@@ -29,9 +29,10 @@ def _is_end(event: Event) -> bool:
     return event.data_bytes == b"[DONE]"
 
 
-GRAMMAR = Grammar(WireGrammar.OPENAI, CHAT, chat_request.encode, ChatReader, Probe(_probe, _is_end))
+# One probe for the grammar: the admin's test button asks with Chat Completions.
+PROBE = Probe(_probe, _is_end)
+GRAMMAR = Grammar(WireGrammar.OPENAI, CHAT, chat_request.encode, ChatReader, PROBE)
 # A model an OpenAI or Azure channel serves on the Responses API alone.
-ON_RESPONSES = Grammar(WireGrammar.OPENAI, RESPONSES, responses_upstream.encode, ResponsesReader,
-                       Probe(_probe, _is_end))
+ON_RESPONSES = Grammar(WireGrammar.OPENAI, RESPONSES, responses_upstream.encode, ResponsesReader, PROBE)
 CLIENTS = (ClientSide(CHAT, chat_request.decode, ChatWriter),
            ClientSide(RESPONSES, responses_request.decode, ResponsesWriter))
