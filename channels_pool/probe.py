@@ -17,9 +17,8 @@ breaker that real traffic would not).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import orjson
@@ -31,8 +30,8 @@ from channels_pool.models import Channel
 from channels_pool.upstream import MAX_DETAIL, Attempt, Signal
 from core.errors import UpstreamFailure, failure_from_status
 from core.sse import Event
-from core.vocabulary import EmbeddingGrammar
-from providers.google import grammar as google
+from providers.embedding_legs import SIDES
+from providers.google.gemini import API_VERSION
 from providers.kind import Call, ChannelKind, ConfigError, Operation
 from providers.kinds import KINDS
 from providers.registry import GRAMMARS
@@ -85,25 +84,13 @@ def probe_call(kind: ChannelKind, model: str) -> Call:
     return GRAMMARS[kind.grammar(model)].probe.call(model, PROMPT, MAX_TOKENS)
 
 
-# The smallest embeddings request of each grammar (a model named for embeddings: ``embed`` in its name).
-EMBED_TEXT = "OK"
-EMBED_BODIES: dict[EmbeddingGrammar, Callable[[str], dict[str, Any]]] = {
-    EmbeddingGrammar.OPENAI: lambda model: {"model": model, "input": EMBED_TEXT},
-    EmbeddingGrammar.GEMINI: lambda model: {"requests": [{"model": f"models/{model}",
-                                                          "content": {"parts": [{"text": EMBED_TEXT}]}}]},
-    EmbeddingGrammar.VERTEX: lambda model: {"instances": [{"content": EMBED_TEXT}]},
-    EmbeddingGrammar.TITAN: lambda model: {"inputText": EMBED_TEXT},
-    EmbeddingGrammar.COHERE: lambda model: {"texts": [EMBED_TEXT], "input_type": "search_document"},
-}
-
-
 def embedding_call(kind: ChannelKind, model: str) -> Call | None:
     """The smallest embeddings request for ``model``, if the channel serves it for embeddings."""
     grammar = kind.embedding_grammar(model) if "embed" in model.lower() else None
     if grammar is None:
         return None
-    body = EMBED_BODIES[grammar](model)
-    return Call(Operation.EMBED, model, body, orjson.dumps(body), route={"version": google.API_VERSION})
+    body = SIDES[grammar].probe(model)
+    return Call(Operation.EMBED, model, body, orjson.dumps(body), route={"version": API_VERSION})
 
 
 async def probe(http: httpx.AsyncClient, channel: Channel) -> ProbeResult:

@@ -33,12 +33,11 @@ from providers.aws.bedrock import INPUT_TOKENS_FIELD
 from providers.base import Api, Mark, RequestFacts, StreamWatcher, dumps
 from providers.embedding_channel import EmbeddingChannel
 from providers.google.embeddings import BATCH, content_text, embedding_requests
-from providers.google.gemini import snake_or_camel
+from providers.google.gemini import API_VERSION, snake_or_camel
 from providers.kind import Destination
 from providers.neutral import CannotServe
 from providers.translation import Leg
 
-GEMINI_API_VERSION = "v1beta"
 # The most inputs one request to each grammar may carry.
 MOST_INPUTS = {EmbeddingGrammar.OPENAI: 2048, EmbeddingGrammar.GEMINI: 100, EmbeddingGrammar.VERTEX: 250,
                EmbeddingGrammar.TITAN: 1, EmbeddingGrammar.COHERE: 96}
@@ -219,16 +218,25 @@ class EmbeddingSide:
     api: Api  # addresses the channel's endpoint, judges its failures
     encode: Callable[[EmbeddingRequest, str], list[dict[str, Any]]]
     read: Callable[[list[Any]], tuple[list[list[float]], int | None]]
+    probe: Callable[[str], dict[str, Any]]  # the smallest request for a model (the admin's test button)
     route: dict[str, str] = field(default_factory=dict)
 
 
+PROBE_TEXT = "OK"
 SIDES: dict[str, EmbeddingSide] = {
-    EmbeddingGrammar.OPENAI: EmbeddingSide(EmbeddingChannel(CHAT), _openai_bodies, _openai_read),
-    EmbeddingGrammar.GEMINI: EmbeddingSide(EmbeddingChannel(GEMINI), _gemini_bodies, _gemini_read,
-                                           {"version": GEMINI_API_VERSION}),
-    EmbeddingGrammar.VERTEX: EmbeddingSide(EmbeddingChannel(CHAT), _vertex_bodies, _vertex_read),
-    EmbeddingGrammar.TITAN: EmbeddingSide(EmbeddingChannel(CHAT), _titan_bodies, _titan_read),
-    EmbeddingGrammar.COHERE: EmbeddingSide(EmbeddingChannel(CHAT), _cohere_bodies, _cohere_read),
+    EmbeddingGrammar.OPENAI: EmbeddingSide(
+        EmbeddingChannel(CHAT), _openai_bodies, _openai_read, lambda model: {"model": model, "input": PROBE_TEXT}),
+    EmbeddingGrammar.GEMINI: EmbeddingSide(
+        EmbeddingChannel(GEMINI), _gemini_bodies, _gemini_read,
+        lambda model: {"requests": [{"model": f"models/{model}", "content": {"parts": [{"text": PROBE_TEXT}]}}]},
+        {"version": API_VERSION}),
+    EmbeddingGrammar.VERTEX: EmbeddingSide(
+        EmbeddingChannel(CHAT), _vertex_bodies, _vertex_read, lambda model: {"instances": [{"content": PROBE_TEXT}]}),
+    EmbeddingGrammar.TITAN: EmbeddingSide(
+        EmbeddingChannel(CHAT), _titan_bodies, _titan_read, lambda model: {"inputText": PROBE_TEXT}),
+    EmbeddingGrammar.COHERE: EmbeddingSide(
+        EmbeddingChannel(CHAT), _cohere_bodies, _cohere_read,
+        lambda model: {"texts": [PROBE_TEXT], "input_type": COHERE_DEFAULT_INPUT_TYPE}),
 }
 
 

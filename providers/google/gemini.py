@@ -47,6 +47,9 @@ GEMINI_ERRORS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.STREAM_FAILED: (503, "UNAVAILABLE"),
 }
 # What Gemini's 403 for an unknown cache says ("CachedContent not found (or permission denied)").
+# The Gemini API version HopBase calls where no client chose one (a translated
+# request, the admin's test button).
+API_VERSION = "v1beta"
 CACHE_UNKNOWN = b"CachedContent not found"
 CONTENT_PARTS = ("functionCall", "function_call", "inlineData", "inline_data", "executableCode", "executable_code")
 

@@ -8,12 +8,10 @@ from core.sse import Event
 from core.vocabulary import WireGrammar
 from providers.apis import GEMINI
 from providers.google import request
+from providers.google.gemini import API_VERSION
 from providers.google.stream import GeminiReader, GeminiWriter
 from providers.grammar import ClientSide, Grammar, Probe
 from providers.kind import Call, Operation
-
-# The Gemini API version HopBase calls where no client chose one.
-API_VERSION = "v1beta"
 
 
 def _probe(model: str, prompt: str, most: int) -> Call:

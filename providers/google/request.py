@@ -22,6 +22,7 @@ from providers.google.contents import (
     key_of,
     malformed,
 )
+from providers.google.gemini import API_VERSION
 from providers.neutral import (
     CannotServe,
     Conversation,
@@ -211,7 +212,7 @@ def encode(conversation: Conversation, model: str) -> RequestFacts:
         raw_body=dumps(body),
         thinking=reasoning is None or reasoning.enabled,
         prompt_chars=prompt_text_chars(contents) + prompt_text_chars(conversation.system),
-        route={"version": "v1beta", "model": model, "action": "streamGenerateContent", "alt": "sse"},
+        route={"version": API_VERSION, "model": model, "action": "streamGenerateContent", "alt": "sse"},
     )
 
 
